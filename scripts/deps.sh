@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# deps.sh installs, idempotently, everything LazyFork runs on: Debian packages,
+# CRIU 4.1.1 (built from Debian's trixie source tarball: bookworm's 3.17 fails on
+# recent kernels), containerd/ctr v2.4.2, runc v1.5.3 (seccomp), nerdctl v2.2.1 and
+# the CNI plugins. Each step prints its time and is skipped when already right.
+#
+# Environment:
+#   LAZYFORK_CACHE  where sources and build products are cached (/var/cache/lazyfork)
+#   PREFIX          where binaries go (/usr/local)
+set -euo pipefail
+
+CACHE=${LAZYFORK_CACHE:-/var/cache/lazyfork}
+PREFIX=${PREFIX:-/usr/local}
+CRIU_VERSION=4.1.1
+CONTAINERD_VERSION=v2.4.2
+RUNC_VERSION=v1.5.3
+NERDCTL_VERSION=v2.2.1
+CNI_VERSION=v1.10.0
+export PATH=$PREFIX/sbin:$PREFIX/bin:/usr/local/go/bin:$PATH
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+export GOFLAGS=${GOFLAGS:-}
+
+APT_PACKAGES=(
+	build-essential pkg-config git ca-certificates xz-utils
+	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
+	libnl-3-dev libcap-dev libnet1-dev libaio-dev libbsd-dev libgnutls28-dev uuid-dev libdrm-dev
+	libseccomp-dev iptables debootstrap dpkg-dev util-linux iproute2 procps
+)
+
+step_name=""
+step_start=0
+die() { echo "deps: FAILED at step '$step_name': $*" >&2; exit 1; }
+trap 'rc=$?; [ $rc -ne 0 ] && [ -n "$step_name" ] && echo "deps: FAILED at step \"$step_name\" (exit $rc)" >&2' EXIT
+begin() { step_name=$1; step_start=$(date +%s.%N); }
+end() {
+	local t; t=$(awk -v a="$step_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+	printf 'deps: %-12s %-40s %6ss\n' "$step_name" "$1" "$t"
+	step_name=""
+}
+
+[ "$(id -u)" = 0 ] || { echo "deps: must run as root" >&2; exit 1; }
+mkdir -p "$CACHE" "$PREFIX/bin" "$PREFIX/sbin"
+
+# --- Debian packages ---------------------------------------------------------
+begin apt
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	apt-get update -qq || die "apt-get update"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+		|| die "apt-get install ${missing[*]}"
+	end "installed ${#missing[@]} packages"
+else
+	end "all ${#APT_PACKAGES[@]} present"
+fi
+
+# bookworm's criu 3.17 fails on this kernel ("Unexpected rt vDSO area bounds");
+# remove it so runc cannot pick it up from /usr/sbin.
+begin criu-old
+if dpkg-query -W -f='${Status}' criu 2>/dev/null | grep -q "ok installed"; then
+	DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq criu >/dev/null || die "apt-get remove criu"
+	end "removed Debian criu"
+else
+	end "none installed"
+fi
+
+# --- CRIU ----------------------------------------------------------------------
+begin criu
+if "$PREFIX/sbin/criu" --version 2>/dev/null | grep -q "Version: $CRIU_VERSION"; then
+	end "$CRIU_VERSION present"
+else
+	src=$CACHE/criu
+	mkdir -p "$src"
+	tarball=$src/criu_$CRIU_VERSION.orig.tar.xz
+	if [ ! -s "$tarball" ]; then
+		list=/etc/apt/sources.list.d/lazyfork-trixie-src.sources
+		if [ ! -f "$list" ]; then
+			cat >"$list" <<-SRC
+			Types: deb-src
+			URIs: http://deb.debian.org/debian
+			Suites: trixie
+			Components: main
+			Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+			SRC
+		fi
+		apt-get update -qq || die "apt-get update (trixie sources)"
+		# The .dsc may answer 404; the orig tarball still arrives, which is all we need.
+		(cd "$src" && apt-get source --download-only "criu/trixie" >/dev/null 2>&1 || true)
+		[ -s "$tarball" ] || die "could not download criu_$CRIU_VERSION.orig.tar.xz"
+	fi
+	build=$src/criu-$CRIU_VERSION
+	if [ ! -x "$build/criu/criu" ]; then
+		rm -rf "$build"
+		tar -C "$src" -xf "$tarball" || die "untar CRIU"
+		make -C "$build" -j"$(nproc)" criu >"$src/build.log" 2>&1 || { tail -30 "$src/build.log" >&2; die "make criu"; }
+	fi
+	install -m 0755 "$build/criu/criu" "$PREFIX/sbin/criu"
+	end "built $CRIU_VERSION"
+fi
+begin criu-check
+out=$("$PREFIX/sbin/criu" check 2>&1) || die "criu check: $out"
+echo "$out" | grep -q "Looks good" || die "criu check: $out"
+end "criu check: Looks good"
+
+# --- Go-built binaries (module cache and build cache make re-runs cheap) -----
+
+begin containerd
+if containerd --version 2>/dev/null | grep -q " $CONTAINERD_VERSION " \
+	&& ctr --version 2>/dev/null | grep -q "$CONTAINERD_VERSION" \
+	&& [ -x "$PREFIX/bin/containerd-shim-runc-v2" ]; then
+	end "$CONTAINERD_VERSION present"
+else
+	GOBIN=$PREFIX/bin go install \
+		-ldflags "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+		github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION \
+		github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION \
+		|| die "go install containerd $CONTAINERD_VERSION"
+	containerd --version | grep -q "$CONTAINERD_VERSION" || die "containerd --version: $(containerd --version)"
+	end "installed $CONTAINERD_VERSION"
+fi
+
+begin runc
+if runc --version 2>/dev/null | grep -q "runc version ${RUNC_VERSION#v}"; then
+	end "$RUNC_VERSION present"
+else
+	GOBIN=$PREFIX/sbin go install -tags seccomp \
+		-ldflags "-X main.version=${RUNC_VERSION#v}" \
+		github.com/opencontainers/runc@$RUNC_VERSION || die "go install runc $RUNC_VERSION"
+	end "installed $RUNC_VERSION"
+fi
+
+begin nerdctl
+if nerdctl --version 2>/dev/null | grep -q "version ${NERDCTL_VERSION#v}$"; then
+	end "$NERDCTL_VERSION present"
+else
+	# The module's go.mod replaces a test-only module (./mod/tigron) that the
+	# proxy does not serve: build from a patched copy without its test helpers.
+	go mod download github.com/containerd/nerdctl/v2@$NERDCTL_VERSION || die "download nerdctl"
+	modsrc=$(go env GOMODCACHE)/github.com/containerd/nerdctl/v2@$NERDCTL_VERSION
+	work=$CACHE/nerdctl-$NERDCTL_VERSION
+	rm -rf "$work"; cp -r "$modsrc" "$work"; chmod -R u+w "$work"
+	rm -f "$work/cmd/nerdctl/helpers/testing_linux.go"
+	mkdir -p "$work/mod/tigron"
+	printf 'module github.com/containerd/nerdctl/mod/tigron\n\ngo 1.24\n' >"$work/mod/tigron/go.mod"
+	(cd "$work" && GOBIN=$PREFIX/bin GOFLAGS=-mod=mod go install \
+		-ldflags "-X github.com/containerd/nerdctl/v2/pkg/version.Version=$NERDCTL_VERSION" \
+		./cmd/nerdctl) || die "build nerdctl"
+	end "installed $NERDCTL_VERSION"
+fi
+
+begin cni
+if [ -x /opt/cni/bin/bridge ] && [ -f /opt/cni/bin/.lazyfork-$CNI_VERSION ]; then
+	end "$CNI_VERSION present"
+else
+	mkdir -p /opt/cni/bin
+	GOBIN=/opt/cni/bin go install \
+		github.com/containernetworking/plugins/plugins/main/bridge@$CNI_VERSION \
+		github.com/containernetworking/plugins/plugins/main/loopback@$CNI_VERSION \
+		github.com/containernetworking/plugins/plugins/ipam/host-local@$CNI_VERSION \
+		github.com/containernetworking/plugins/plugins/meta/portmap@$CNI_VERSION \
+		|| die "go install CNI plugins"
+	touch /opt/cni/bin/.lazyfork-$CNI_VERSION
+	end "installed $CNI_VERSION"
+fi
+
+begin versions
+echo "deps: criu $("$PREFIX/sbin/criu" --version | head -1)"
+echo "deps: $(containerd --version)"
+echo "deps: $(runc --version | head -1)"
+echo "deps: $(nerdctl --version)"
+end "all present"
