@@ -1,0 +1,324 @@
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+)
+
+// Options configure a private containerd. The zero value runs plain runc without CRI.
+type Options struct {
+	// Containerd is the daemon binary; "" means `containerd` from PATH.
+	Containerd string
+	// BinDirs are prepended to containerd's PATH, e.g. the directory holding
+	// containerd-shim-lazyfork-v1.
+	BinDirs []string
+	// Env is added to containerd's environment (KEY=VALUE); shims inherit it.
+	Env []string
+	// EnableCRI turns on containerd's CRI plugin with private CNI dirs.
+	EnableCRI bool
+	// Runtimes are extra CRI runtime handlers (only used with EnableCRI).
+	Runtimes []Runtime
+	// ProxyPlugins are extra [proxy_plugins] entries.
+	ProxyPlugins []ProxyPlugin
+	// ExtraTOML is appended verbatim to the generated config.
+	ExtraTOML string
+	// Debug sets containerd's log level to debug (also LAZYFORK_HARNESS_DEBUG=1).
+	Debug bool
+	// StartTimeout bounds the wait for the daemon to answer; 0 means 30 s.
+	StartTimeout time.Duration
+}
+
+// Containerd is a running private containerd. Its exported fields are read-only.
+type Containerd struct {
+	// ID is unique per harness; Namespace and CgroupParent derive from it.
+	ID string
+	// Dir holds everything: root, state, sockets, logs, runc root, temp dirs.
+	Dir   string
+	Root  string
+	State string
+	// Address is containerd's gRPC socket.
+	Address string
+	// Namespace is the containerd namespace the harness's helpers use.
+	Namespace string
+	// ShimSocketDir is the shim manager's private socket dir.
+	ShimSocketDir string
+	// RuncRoot is the private runc state root of containers made by NewContainer.
+	RuncRoot string
+	// CgroupParent is the cgroup (as in linux.cgroupsPath) all containers go under.
+	CgroupParent string
+	// LogPath is containerd's own log file.
+	LogPath string
+
+	opts    Options
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when the daemon process exits
+	waitErr error         // set before exited is closed
+
+	mu     sync.Mutex
+	client *client.Client // guarded by mu
+	closed bool           // guarded by mu
+}
+
+// Start runs a private containerd and waits until it answers. On error nothing is
+// left behind.
+func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("harness: containerd needs root: %w", errdefs.ErrFailedPrecondition)
+	}
+	bin := opts.Containerd
+	if bin == "" {
+		p, err := exec.LookPath("containerd")
+		if err != nil {
+			return nil, fmt.Errorf("harness: containerd not on PATH (run `make deps`): %w", errdefs.ErrNotFound)
+		}
+		bin = p
+	}
+	if os.Getenv("LAZYFORK_HARNESS_DEBUG") == "1" {
+		opts.Debug = true
+	}
+	id, err := randomID()
+	if err != nil {
+		return nil, err
+	}
+	// A short base keeps socket paths far below the 108-byte limit and the shim
+	// socket dir below containerd's 42-character limit.
+	base := os.TempDir()
+	if len(base) > 20 {
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, "lfh-"+id+"-")
+	if err != nil {
+		return nil, fmt.Errorf("harness: temp dir: %w", err)
+	}
+	c := &Containerd{
+		ID:            id,
+		Dir:           dir,
+		Root:          filepath.Join(dir, "root"),
+		State:         filepath.Join(dir, "state"),
+		Address:       filepath.Join(dir, "c.sock"),
+		Namespace:     "lfh-" + id,
+		ShimSocketDir: filepath.Join(dir, "s"),
+		RuncRoot:      filepath.Join(dir, "runc"),
+		CgroupParent:  "/lfh-" + id,
+		LogPath:       filepath.Join(dir, "containerd.log"),
+		opts:          opts,
+		exited:        make(chan struct{}),
+	}
+	defer func() {
+		if retErr != nil {
+			_ = c.Stop()
+		}
+	}()
+	if len(c.ShimSocketDir) > 42 {
+		return nil, fmt.Errorf("harness: shim socket dir %q longer than 42 bytes: %w", c.ShimSocketDir, errdefs.ErrInvalidArgument)
+	}
+	for _, d := range []string{c.Root, c.State, c.ShimSocketDir, c.RuncRoot, filepath.Join(dir, "logs"),
+		filepath.Join(dir, "cni", "net.d"), filepath.Join(dir, "cni", "bin"), filepath.Join(dir, "opt")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("harness: %w", err)
+		}
+	}
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(c.config()), 0o600); err != nil {
+		return nil, fmt.Errorf("harness: write config: %w", err)
+	}
+	logf, err := os.OpenFile(c.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("harness: %w", err)
+	}
+	defer logf.Close()
+
+	cmd := exec.Command(bin, "--config", cfgPath)
+	cmd.Dir = dir
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.Env = c.daemonEnv()
+	// Its own process group: a ^C aimed at `go test` must not kill the daemon
+	// before the teardown has used it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		close(c.exited)
+		return nil, fmt.Errorf("harness: start containerd: %w", err)
+	}
+	c.cmd = cmd
+	go func() {
+		c.waitErr = cmd.Wait()
+		close(c.exited)
+	}()
+
+	timeout := opts.StartTimeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	if err := c.waitServing(ctx, timeout); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Containerd) daemonEnv() []string {
+	var env []string
+	path := os.Getenv("PATH")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PATH=") {
+			env = append(env, kv)
+		}
+	}
+	dirs := append([]string{}, c.opts.BinDirs...)
+	if path != "" {
+		dirs = append(dirs, path)
+	}
+	// containerd, runc and criu live in /usr/local; make sure a minimal PATH
+	// (e.g. sudo's secure_path) still finds them.
+	for _, d := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+		if !strings.Contains(":"+path+":", ":"+d+":") {
+			dirs = append(dirs, d)
+		}
+	}
+	env = append(env, "PATH="+strings.Join(dirs, ":"))
+	return append(env, c.opts.Env...)
+}
+
+func (c *Containerd) waitServing(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case <-c.exited:
+			return fmt.Errorf("harness: containerd exited at start (%v); log:\n%s", c.waitErr, c.Log())
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		if _, err := os.Stat(c.Address); err == nil {
+			cl, err := client.New(c.Address, client.WithDefaultNamespace(c.Namespace), client.WithTimeout(2*time.Second))
+			if err == nil {
+				sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				ok, err := cl.IsServing(sctx)
+				cancel()
+				if err == nil && ok {
+					c.mu.Lock()
+					c.client = cl
+					c.mu.Unlock()
+					return nil
+				}
+				cl.Close()
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("harness: containerd did not answer within %v: %w; log:\n%s", timeout, context.DeadlineExceeded, c.Log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Client returns the client connected to this containerd (default namespace
+// c.Namespace). Do not Close it; Stop does.
+func (c *Containerd) Client() *client.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.client
+}
+
+// Context returns ctx carrying the harness's namespace unless it already has one.
+func (c *Containerd) Context(ctx context.Context) context.Context {
+	if _, ok := namespaces.Namespace(ctx); ok {
+		return ctx
+	}
+	return namespaces.WithNamespace(ctx, c.Namespace)
+}
+
+// Log returns containerd's log so far.
+func (c *Containerd) Log() string {
+	b, err := os.ReadFile(c.LogPath)
+	if err != nil {
+		return fmt.Sprintf("(no containerd log: %v)", err)
+	}
+	return string(b)
+}
+
+// TempDir makes a fresh directory under the harness dir (removed by Stop).
+func (c *Containerd) TempDir(pattern string) (string, error) {
+	return os.MkdirTemp(c.Dir, pattern)
+}
+
+// Stop tears everything down (see the package doc). It is idempotent; it returns
+// the joined errors of the steps that failed but always runs every step.
+func (c *Containerd) Stop() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	cl := c.client
+	c.client = nil
+	c.mu.Unlock()
+
+	var errs []error
+	if cl != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		var sns []string
+		for _, p := range c.opts.ProxyPlugins {
+			if p.Type == "" || p.Type == "snapshot" {
+				sns = append(sns, p.Name)
+			}
+		}
+		errs = append(errs, removeAll(ctx, cl, sns))
+		cancel()
+		cl.Close()
+	}
+	errs = append(errs, c.stopDaemon())
+	errs = append(errs, killShims(c.Address))
+	errs = append(errs, removeCgroups(c.CgroupParent))
+	errs = append(errs, unmountUnder(c.Dir))
+	if err := os.RemoveAll(c.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("harness: remove %s: %w", c.Dir, err))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Containerd) stopDaemon() error {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return nil
+	}
+	select {
+	case <-c.exited:
+		return nil
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+		return nil
+	case <-time.After(10 * time.Second):
+	}
+	_ = c.cmd.Process.Kill()
+	select {
+	case <-c.exited:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("harness: containerd pid %d does not die", c.cmd.Process.Pid)
+	}
+}
+
+func randomID() (string, error) {
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("harness: random id: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
