@@ -1,0 +1,296 @@
+package madvguard
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+// Range is a half-open address range [Start, End) of a process.
+type Range struct {
+	Start, End uint64
+}
+
+func (r Range) String() string { return fmt.Sprintf("%#x-%#x", r.Start, r.End) }
+
+// MaxRanges bounds the ranges one filter checks (12 BPF instructions each).
+const MaxRanges = 64
+
+// MergeGap is the largest gap Compact closes unconditionally. A call inside
+// a closed gap is refused too, which only keeps that memory resident.
+const MergeGap = 1 << 20
+
+// Advice values the guard refuses inside the ranges.
+var guardedAdvice = []uint32{unix.MADV_DONTNEED, unix.MADV_FREE, unix.MADV_DONTNEED_LOCKED}
+
+// magic is the K of the guard's first instruction (a load of an immediate
+// that the next instruction overwrites): it names the filter as ours, so a
+// copy of a copy replaces it instead of stacking a second one.
+const magic = 0x4c464d47 // "LFMG"
+
+// seccomp_data offsets (little endian x86-64).
+const (
+	offNr     = 0
+	offArch   = 4
+	offArg0Lo = 16 // addr
+	offArg0Hi = 20
+	offArg1Lo = 24 // len
+	offArg1Hi = 28
+	offArg2Lo = 32 // advice (an int: the low word is all the kernel reads)
+)
+
+// Scratch memory slots.
+const (
+	mAddrLo = 0
+	mAddrHi = 1
+	mEndLo  = 2
+	mEndHi  = 3
+)
+
+const (
+	retAllow = unix.SECCOMP_RET_ALLOW
+	retBlock = unix.SECCOMP_RET_ERRNO | uint32(unix.EINVAL)
+)
+
+// Compact sorts the ranges, drops empty ones, merges overlapping, touching
+// and nearby (gap < MergeGap) ones, then closes the smallest gaps until at
+// most MaxRanges remain.
+func Compact(in []Range) []Range {
+	rs := make([]Range, 0, len(in))
+	for _, r := range in {
+		if r.End > r.Start {
+			rs = append(rs, r)
+		}
+	}
+	slices.SortFunc(rs, func(a, b Range) int {
+		switch {
+		case a.Start < b.Start:
+			return -1
+		case a.Start > b.Start:
+			return 1
+		}
+		return 0
+	})
+	var out []Range
+	for _, r := range rs {
+		if n := len(out); n > 0 && r.Start <= out[n-1].End+MergeGap {
+			out[n-1].End = max(out[n-1].End, r.End)
+			continue
+		}
+		out = append(out, r)
+	}
+	for len(out) > MaxRanges {
+		best := 0
+		for i := 1; i < len(out)-1; i++ {
+			if out[i+1].Start-out[i].End < out[best+1].Start-out[best].End {
+				best = i
+			}
+		}
+		out[best].End = out[best+1].End
+		out = slices.Delete(out, best+1, best+2)
+	}
+	return out
+}
+
+// asm is a tiny classic BPF assembler with forward labels.
+type asm struct {
+	ins    []unix.SockFilter
+	labels map[string]int
+	fix    []fixup
+	err    error
+}
+
+type fixup struct {
+	at     int
+	jt, jf string
+}
+
+func (a *asm) op(code uint16, k uint32) {
+	a.ins = append(a.ins, unix.SockFilter{Code: code, K: k})
+}
+
+// jmp emits a conditional jump; "" means the next instruction.
+func (a *asm) jmp(code uint16, k uint32, jt, jf string) {
+	a.fix = append(a.fix, fixup{at: len(a.ins), jt: jt, jf: jf})
+	a.op(code, k)
+}
+
+func (a *asm) label(name string) {
+	if _, dup := a.labels[name]; dup {
+		a.err = fmt.Errorf("bpf: label %q defined twice", name)
+	}
+	a.labels[name] = len(a.ins)
+}
+
+func (a *asm) assemble() ([]unix.SockFilter, error) {
+	if a.err != nil {
+		return nil, a.err
+	}
+	for _, f := range a.fix {
+		for i, l := range []string{f.jt, f.jf} {
+			if l == "" {
+				continue
+			}
+			to, ok := a.labels[l]
+			if !ok {
+				return nil, fmt.Errorf("bpf: undefined label %q", l)
+			}
+			off := to - f.at - 1
+			if off < 0 || off > 255 {
+				return nil, fmt.Errorf("bpf: jump to %q out of range (%d)", l, off)
+			}
+			if i == 0 {
+				a.ins[f.at].Jt = uint8(off)
+			} else {
+				a.ins[f.at].Jf = uint8(off)
+			}
+		}
+	}
+	if len(a.ins) > unix.BPF_MAXINSNS {
+		return nil, fmt.Errorf("bpf: %d instructions, the kernel takes at most %d", len(a.ins), unix.BPF_MAXINSNS)
+	}
+	return a.ins, nil
+}
+
+const (
+	ldAbs  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
+	ldImm  = unix.BPF_LD | unix.BPF_W | unix.BPF_IMM
+	ldMem  = unix.BPF_LD | unix.BPF_W | unix.BPF_MEM
+	st     = unix.BPF_ST
+	tax    = unix.BPF_MISC | unix.BPF_TAX
+	addX   = unix.BPF_ALU | unix.BPF_ADD | unix.BPF_X
+	jeqK   = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+	jgtK   = unix.BPF_JMP | unix.BPF_JGT | unix.BPF_K
+	jgeK   = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K
+	jgeX   = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_X
+	ja     = unix.BPF_JMP | unix.BPF_JA
+	retK   = unix.BPF_RET | unix.BPF_K
+	header = 33 // instructions before the first range block
+	block  = 12 // instructions per range block
+)
+
+// Program builds the guard for one process's ranges (already compacted, or
+// compacted here). An empty list gives a filter that allows everything.
+func Program(ranges []Range) ([]unix.SockFilter, error) {
+	rs := Compact(ranges)
+	a := &asm{labels: map[string]int{}}
+	a.op(ldImm, magic)
+	a.op(ldAbs, offArch)
+	a.jmp(jeqK, unix.AUDIT_ARCH_X86_64, "", "allow")
+	a.op(ldAbs, offNr)
+	a.jmp(jeqK, unix.SYS_MADVISE, "", "allow")
+	a.op(ldAbs, offArg2Lo)
+	a.jmp(jeqK, guardedAdvice[0], "adv", "")
+	a.jmp(jeqK, guardedAdvice[1], "adv", "")
+	a.jmp(jeqK, guardedAdvice[2], "adv", "allow")
+	a.label("allow")
+	a.op(retK, retAllow)
+	a.label("adv")
+	// len == 0 is a successful no-op for the kernel: let it through.
+	a.op(ldAbs, offArg1Lo)
+	a.jmp(jeqK, 0, "", "nonzero")
+	a.op(ldAbs, offArg1Hi)
+	a.jmp(jeqK, 0, "lenzero", "nonzero")
+	a.label("lenzero")
+	a.op(retK, retAllow)
+	a.label("nonzero")
+	// end = addr + len, as two 32-bit words with carry.
+	a.op(ldAbs, offArg0Lo)
+	a.op(st, mAddrLo)
+	a.op(tax, 0)
+	a.op(ldAbs, offArg1Lo)
+	a.op(addX, 0)
+	a.op(st, mEndLo)
+	a.jmp(jgeX, 0, "nocarry", "")
+	a.op(ldImm, 1)
+	a.op(ja, 1)
+	a.label("nocarry")
+	a.op(ldImm, 0)
+	a.op(tax, 0) // X = carry
+	a.op(ldAbs, offArg1Hi)
+	a.op(addX, 0)
+	a.op(tax, 0) // X = len_hi + carry
+	a.op(ldAbs, offArg0Hi)
+	a.op(st, mAddrHi)
+	a.op(addX, 0)
+	a.op(st, mEndHi)
+	if len(a.ins) != header {
+		return nil, fmt.Errorf("bpf: header is %d instructions, want %d", len(a.ins), header)
+	}
+	// Ranges ascend: once end <= start of a range, no later range can match.
+	for i, r := range rs {
+		next := fmt.Sprintf("r%d", i+1)
+		in, allow, blk := fmt.Sprintf("in%d", i), fmt.Sprintf("allow%d", i), fmt.Sprintf("block%d", i)
+		sHi, sLo := uint32(r.Start>>32), uint32(r.Start)
+		eHi, eLo := uint32(r.End>>32), uint32(r.End)
+		a.label(fmt.Sprintf("r%d", i))
+		a.op(ldMem, mEndHi)
+		a.jmp(jgtK, sHi, in, "")
+		a.jmp(jeqK, sHi, "", allow)
+		a.op(ldMem, mEndLo)
+		a.jmp(jgtK, sLo, in, allow)
+		a.label(allow)
+		a.op(retK, retAllow)
+		a.label(in) // end > start: blocked unless addr >= end of range
+		a.op(ldMem, mAddrHi)
+		a.jmp(jgtK, eHi, next, "")
+		a.jmp(jeqK, eHi, "", blk)
+		a.op(ldMem, mAddrLo)
+		a.jmp(jgeK, eLo, next, blk)
+		a.label(blk)
+		a.op(retK, retBlock)
+	}
+	a.label(fmt.Sprintf("r%d", len(rs)))
+	a.op(retK, retAllow)
+	return a.assemble()
+}
+
+// encode gives the bytes CRIU stores in seccomp.img (struct sock_filter).
+func encode(prog []unix.SockFilter) []byte {
+	b := make([]byte, 0, 8*len(prog))
+	for _, in := range prog {
+		b = binary.LittleEndian.AppendUint16(b, in.Code)
+		b = append(b, in.Jt, in.Jf)
+		b = binary.LittleEndian.AppendUint32(b, in.K)
+	}
+	return b
+}
+
+func decode(b []byte) ([]unix.SockFilter, error) {
+	if len(b)%8 != 0 {
+		return nil, fmt.Errorf("seccomp filter of %d bytes is not a whole number of instructions", len(b))
+	}
+	prog := make([]unix.SockFilter, len(b)/8)
+	for i := range prog {
+		p := b[8*i:]
+		prog[i] = unix.SockFilter{Code: binary.LittleEndian.Uint16(p), Jt: p[2], Jf: p[3], K: binary.LittleEndian.Uint32(p[4:])}
+	}
+	return prog, nil
+}
+
+// isGuard reports whether a stored filter is one of ours.
+func isGuard(b []byte) bool {
+	return len(b) >= 8 && binary.LittleEndian.Uint16(b) == ldImm && binary.LittleEndian.Uint32(b[4:]) == magic
+}
+
+// guardRanges reads the ranges back out of one of our filters.
+func guardRanges(b []byte) ([]Range, error) {
+	prog, err := decode(b)
+	if err != nil {
+		return nil, err
+	}
+	if len(prog) < header+1 || (len(prog)-header-1)%block != 0 {
+		return nil, fmt.Errorf("guard filter of %d instructions has an unknown layout", len(prog))
+	}
+	var rs []Range
+	for i := header; i+block <= len(prog); i += block {
+		p := prog[i:]
+		rs = append(rs, Range{
+			Start: uint64(p[1].K)<<32 | uint64(p[4].K),
+			End:   uint64(p[7].K)<<32 | uint64(p[10].K),
+		})
+	}
+	return rs, nil
+}

@@ -1,0 +1,243 @@
+package madvguard
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"reflect"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// The filter is checked by the real kernel: a child process (this test
+// binary re-executed) sets no_new_privs, installs the guard and reports
+// what madvise returned. No root needed.
+
+const childEnv = "MADVGUARD_TEST_CHILD"
+
+type call struct {
+	Addr, Len uint64
+	Advice    int
+}
+
+type childReq struct {
+	Ranges []Range
+	Calls  []call
+}
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(child())
+	}
+	os.Exit(m.Run())
+}
+
+// mapping reserves the address space the tests play in.
+var mappings = []Range{
+	{0x7e0000000000, 0x7e0000000000 + 16<<20},
+	{0x2fff00000, 0x300100000}, // straddles a 4 GiB boundary: carries in the 64-bit compare
+}
+
+func child() int {
+	var req childReq
+	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &req); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	for _, m := range mappings {
+		if _, _, e := unix.Syscall6(unix.SYS_MMAP, uintptr(m.Start), uintptr(m.End-m.Start),
+			unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE, ^uintptr(0), 0); e != 0 {
+			fmt.Fprintln(os.Stderr, "mmap:", e)
+			return 2
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if err := Install(req.Ranges); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	res := make([]string, len(req.Calls))
+	for i, c := range req.Calls {
+		_, _, e := unix.Syscall(unix.SYS_MADVISE, uintptr(c.Addr), uintptr(c.Len), uintptr(c.Advice))
+		res[i] = "ok"
+		if e != 0 {
+			res[i] = e.Error()
+		}
+	}
+	json.NewEncoder(os.Stdout).Encode(res)
+	return 0
+}
+
+func runChild(t *testing.T, req childReq) []string {
+	t.Helper()
+	b, _ := json.Marshal(req)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	var res []string
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("child output %q: %v", out, err)
+	}
+	return res
+}
+
+func intersects(rs []Range, addr, n uint64) bool {
+	if n == 0 {
+		return false
+	}
+	for _, r := range rs {
+		if addr < r.End && addr+n > r.Start {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFilterInKernel(t *testing.T) {
+	const p = 4096
+	b := mappings[0].Start
+	c := mappings[1].Start
+	guarded := []Range{
+		{b + 2<<20, b + 4<<20},
+		{b + 8<<20, b + 9<<20},
+		{0x2fff80000, 0x300080000},
+	}
+	type tc struct {
+		name string
+		call
+		want string
+	}
+	einval := unix.EINVAL.Error()
+	cases := []tc{
+		{"before", call{b, p, unix.MADV_DONTNEED}, "ok"},
+		{"ends at start", call{b + 2<<20 - p, p, unix.MADV_DONTNEED}, "ok"},
+		{"crosses start", call{b + 2<<20 - p, 2 * p, unix.MADV_DONTNEED}, einval},
+		{"first page", call{b + 2<<20, p, unix.MADV_DONTNEED}, einval},
+		{"free inside", call{b + 3<<20, p, unix.MADV_FREE}, einval},
+		{"dontneed_locked inside", call{b + 3<<20, p, unix.MADV_DONTNEED_LOCKED}, einval},
+		{"willneed inside", call{b + 3<<20, p, unix.MADV_WILLNEED}, "ok"},
+		{"cold inside", call{b + 3<<20, p, unix.MADV_COLD}, "ok"},
+		{"last page", call{b + 4<<20 - p, p, unix.MADV_DONTNEED}, einval},
+		{"at end", call{b + 4<<20, p, unix.MADV_DONTNEED}, "ok"},
+		{"gap", call{b + 4<<20, 4 << 20, unix.MADV_DONTNEED}, "ok"},
+		{"gap into second", call{b + 4<<20, 4<<20 + p, unix.MADV_DONTNEED}, einval},
+		{"covers all", call{b, 16 << 20, unix.MADV_DONTNEED}, einval},
+		{"after", call{b + 9<<20, 7 << 20, unix.MADV_DONTNEED}, "ok"},
+		{"zero length inside", call{b + 3<<20, 0, unix.MADV_DONTNEED}, "ok"},
+		{"carry: crosses 4G start", call{c, 0x100000, unix.MADV_DONTNEED}, einval},
+		{"carry: below", call{c, 0x80000, unix.MADV_DONTNEED}, "ok"},
+		{"carry: above", call{0x300080000, 0x80000, unix.MADV_DONTNEED}, "ok"},
+		{"carry: high half inside", call{0x300000000, p, unix.MADV_DONTNEED}, einval},
+	}
+	req := childReq{Ranges: guarded}
+	for _, c := range cases {
+		req.Calls = append(req.Calls, c.call)
+	}
+	// Random calls against the reference definition of "intersects".
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 400 {
+		m := mappings[rng.IntN(len(mappings))]
+		pages := (m.End - m.Start) / p
+		a := rng.Uint64N(pages)
+		n := rng.Uint64N(pages-a) + 1
+		req.Calls = append(req.Calls, call{m.Start + a*p, n * p, unix.MADV_DONTNEED})
+	}
+	res := runChild(t, req)
+	for i, r := range res {
+		var want, name string
+		if i < len(cases) {
+			want, name = cases[i].want, cases[i].name
+		} else {
+			c := req.Calls[i]
+			want, name = "ok", fmt.Sprintf("random %#x+%#x", c.Addr, c.Len)
+			if intersects(guarded, c.Addr, c.Len) {
+				want = einval
+			}
+		}
+		if r != want {
+			t.Errorf("%s: madvise returned %q, want %q", name, r, want)
+		}
+	}
+}
+
+func TestEmptyGuardAllowsAll(t *testing.T) {
+	b := mappings[0].Start
+	res := runChild(t, childReq{Calls: []call{{b, 16 << 20, unix.MADV_DONTNEED}, {b, 4096, unix.MADV_FREE}}})
+	if !reflect.DeepEqual(res, []string{"ok", "ok"}) {
+		t.Fatalf("got %v", res)
+	}
+}
+
+func TestCompact(t *testing.T) {
+	got := Compact([]Range{{0x5000, 0x6000}, {0x1000, 0x2000}, {0x2000, 0x3000}, {0x9000, 0x9000}, {0x400000, 0x500000}})
+	want := []Range{{0x1000, 0x6000}, {0x400000, 0x500000}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Compact = %v, want %v", got, want)
+	}
+	var many []Range
+	for i := range uint64(500) {
+		many = append(many, Range{i << 24, i<<24 + 4096})
+	}
+	got = Compact(many)
+	if len(got) != MaxRanges || got[0].Start != 0 || got[len(got)-1].End != 499<<24+4096 {
+		t.Fatalf("Compact of 500 far ranges: %d ranges %v..%v", len(got), got[0], got[len(got)-1])
+	}
+	for _, r := range many {
+		if !intersects(got, r.Start, r.End-r.Start) {
+			t.Fatalf("range %v lost by Compact", r)
+		}
+	}
+}
+
+func TestProgramRoundTrip(t *testing.T) {
+	rs := []Range{{0x1000, 0x3000}, {0x7f0000000000, 0x7f0000400000}}
+	prog, err := Program(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := encode(prog)
+	if !isGuard(b) {
+		t.Fatal("our program is not recognised as a guard")
+	}
+	got, err := guardRanges(b)
+	if err != nil || !reflect.DeepEqual(got, rs) {
+		t.Fatalf("guardRanges = %v, %v; want %v", got, err, rs)
+	}
+	many := make([]Range, 0, 500)
+	for i := range uint64(500) {
+		many = append(many, Range{i << 30, i<<30 + 4096})
+	}
+	if _, err := Program(many); err != nil {
+		t.Fatalf("Program of %d ranges: %v", len(many), err)
+	}
+	if _, err := decode(b[:len(b)-3]); err == nil {
+		t.Fatal("decode of a torn filter did not fail")
+	}
+}
+
+func TestBadImageDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := Apply(dir, nil); err == nil {
+		t.Fatal("Apply on an empty dir did not fail")
+	}
+	os.WriteFile(dir+"/pstree.img", []byte{1, 2}, 0o600)
+	err := Apply(dir, nil)
+	if err == nil {
+		t.Fatal("Apply on a garbage pstree.img did not fail")
+	}
+	if b, _ := os.ReadFile(dir + "/pstree.img"); len(b) != 2 {
+		t.Fatal("Apply changed a bad image")
+	}
+	_ = errors.Unwrap(err)
+}

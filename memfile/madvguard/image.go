@@ -1,0 +1,427 @@
+package madvguard
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/seccomp"
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// CRIU image magics (criu/include/magic.h).
+const (
+	magicCommon  = 0x54564319
+	magicService = 0x55105940
+	magicPstree  = 0x50273030
+	magicCore    = 0x55053847
+	magicSeccomp = 0x64413049
+)
+
+// CRIU task states (compel/include/uapi/task-state.h).
+const (
+	taskAlive   = 1
+	taskStopped = 3
+)
+
+// image is one CRIU image file: its magic header kept verbatim, then
+// length-prefixed protobuf entries.
+type image struct {
+	head    []byte
+	entries [][]byte
+}
+
+func readImage(path string, want uint32) (*image, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) < 4 {
+		return nil, fmt.Errorf("%s: too short for a CRIU image: %w", path, errdefs.ErrInvalidArgument)
+	}
+	n := 4
+	if m := binary.LittleEndian.Uint32(b); m == magicCommon || m == magicService {
+		n = 8
+	}
+	if len(b) < n || binary.LittleEndian.Uint32(b[n-4:]) != want {
+		return nil, fmt.Errorf("%s: not the expected CRIU image (magic %#x): %w", path, want, errdefs.ErrInvalidArgument)
+	}
+	img := &image{head: slices.Clone(b[:n])}
+	for p := n; p < len(b); {
+		if len(b)-p < 4 {
+			return nil, fmt.Errorf("%s: truncated entry header at %d: %w", path, p, errdefs.ErrInvalidArgument)
+		}
+		l := int(binary.LittleEndian.Uint32(b[p:]))
+		p += 4
+		if l > len(b)-p {
+			return nil, fmt.Errorf("%s: entry at %d runs past the end: %w", path, p-4, errdefs.ErrInvalidArgument)
+		}
+		img.entries = append(img.entries, b[p:p+l])
+		p += l
+	}
+	return img, nil
+}
+
+func (img *image) bytes() []byte {
+	var buf bytes.Buffer
+	buf.Write(img.head)
+	for _, e := range img.entries {
+		buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(len(e))))
+		buf.Write(e)
+	}
+	return buf.Bytes()
+}
+
+// writeAtomic replaces path with data (temp file, fsync, rename), keeping
+// the old file's mode.
+func writeAtomic(path string, data []byte) error {
+	mode := fs.FileMode(0o600)
+	if st, err := os.Stat(path); err == nil {
+		mode = st.Mode().Perm()
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".madvguard-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after a successful rename
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+var marshal = proto.MarshalOptions{Deterministic: true}
+
+// process is one live process of the image with its threads' cores.
+type process struct {
+	pid     int
+	tids    []int
+	cores   []*criucore.CoreEntry
+	imgs    []*image // core image of each thread (one entry)
+	changed []bool
+}
+
+type filter struct {
+	data  []byte
+	flags uint32
+}
+
+type imageState struct {
+	dir   string
+	procs []*process
+	secc  *seccomp.SeccompEntry
+	sImg  *image // nil when the dump has no seccomp.img
+}
+
+func load(dir string) (*imageState, error) {
+	st := &imageState{dir: dir}
+	pimg, err := readImage(filepath.Join(dir, "pstree.img"), magicPstree)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%s is not a CRIU image directory (no pstree.img): %w", dir, errdefs.ErrNotFound)
+		}
+		return nil, err
+	}
+	for _, e := range pimg.entries {
+		var pe pstree.PstreeEntry
+		if err := proto.Unmarshal(e, &pe); err != nil {
+			return nil, fmt.Errorf("pstree.img: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		p := &process{pid: int(pe.GetPid())}
+		for _, t := range pe.GetThreads() {
+			p.tids = append(p.tids, int(t))
+		}
+		if len(p.tids) == 0 {
+			p.tids = []int{p.pid}
+		}
+		live := true
+		for _, tid := range p.tids {
+			path := filepath.Join(dir, fmt.Sprintf("core-%d.img", tid))
+			cimg, err := readImage(path, magicCore)
+			if err != nil {
+				return nil, err
+			}
+			if len(cimg.entries) != 1 {
+				return nil, fmt.Errorf("%s: %d entries, want 1: %w", path, len(cimg.entries), errdefs.ErrInvalidArgument)
+			}
+			core := &criucore.CoreEntry{}
+			if err := proto.Unmarshal(cimg.entries[0], core); err != nil {
+				return nil, fmt.Errorf("%s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+			}
+			if tid == p.pid {
+				if s := core.GetTc().GetTaskState(); s != taskAlive && s != taskStopped {
+					live = false // zombies and helpers restore no seccomp state
+					break
+				}
+				if core.GetTc().OldSeccompMode != nil {
+					return nil, fmt.Errorf("%s: pre-3.x per-task seccomp fields: %w", path, errdefs.ErrNotImplemented)
+				}
+			}
+			if core.GetThreadCore() == nil {
+				return nil, fmt.Errorf("%s: no thread core: %w", path, errdefs.ErrInvalidArgument)
+			}
+			p.cores = append(p.cores, core)
+			p.imgs = append(p.imgs, cimg)
+		}
+		if live {
+			p.changed = make([]bool, len(p.tids))
+			st.procs = append(st.procs, p)
+		}
+	}
+	simg, err := readImage(filepath.Join(dir, "seccomp.img"), magicSeccomp)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		st.secc = &seccomp.SeccompEntry{}
+	case err != nil:
+		return nil, err
+	case len(simg.entries) > 1:
+		return nil, fmt.Errorf("seccomp.img: %d entries, want at most 1: %w", len(simg.entries), errdefs.ErrInvalidArgument)
+	default:
+		st.sImg = simg
+		st.secc = &seccomp.SeccompEntry{}
+		if len(simg.entries) == 1 {
+			if err := proto.Unmarshal(simg.entries[0], st.secc); err != nil {
+				return nil, fmt.Errorf("seccomp.img: %v: %w", err, errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+	return st, nil
+}
+
+// chain returns a thread's filters oldest first (CRIU stores the newest
+// index in the core and links each filter to the one before it).
+func (st *imageState) chain(core *criucore.CoreEntry) ([]filter, error) {
+	tc := core.GetThreadCore()
+	if tc.GetSeccompMode() != criucore.SeccompMode_filter {
+		return nil, nil
+	}
+	fs := st.secc.GetSeccompFilters()
+	var out []filter
+	seen := map[uint32]bool{}
+	for i, more := tc.GetSeccompFilter(), true; more; {
+		if int(i) >= len(fs) || seen[i] {
+			return nil, fmt.Errorf("seccomp.img: broken filter chain at index %d: %w", i, errdefs.ErrInvalidArgument)
+		}
+		seen[i] = true
+		f := fs[i]
+		out = append(out, filter{data: f.GetFilter(), flags: f.GetFlags()})
+		i, more = f.GetPrev(), f.Prev != nil
+	}
+	slices.Reverse(out)
+	return out, nil
+}
+
+// Thread is the seccomp state of one thread as the image records it.
+type Thread struct {
+	Pid, Tid int
+	Filters  int     // filters in its chain, ours included
+	Guards   int     // how many of them are madvise guards
+	TSync    bool    // its filters are installed with SECCOMP_FILTER_FLAG_TSYNC
+	Ranges   []Range // ranges of its guard(s)
+}
+
+// Inspect lists every live thread's seccomp state in an image. Threads
+// whose chain CRIU folded into the leader's (TSYNC) show no filters.
+func Inspect(imageDir string) ([]Thread, error) {
+	st, err := load(imageDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Thread
+	for _, p := range st.procs {
+		for i, core := range p.cores {
+			ch, err := st.chain(core)
+			if err != nil {
+				return nil, err
+			}
+			t := Thread{Pid: p.pid, Tid: p.tids[i], Filters: len(ch)}
+			for _, f := range ch {
+				t.TSync = t.TSync || f.flags&unix.SECCOMP_FILTER_FLAG_TSYNC != 0
+				if isGuard(f.data) {
+					t.Guards++
+					rs, err := guardRanges(f.data)
+					if err != nil {
+						return nil, err
+					}
+					t.Ranges = append(t.Ranges, rs...)
+				}
+			}
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+// Installed reports whether any thread of the image carries a guard.
+func Installed(imageDir string) (bool, error) {
+	ts, err := Inspect(imageDir)
+	if err != nil {
+		return false, err
+	}
+	for _, t := range ts {
+		if t.Guards > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Apply makes the image's guard for each process match ranges (keyed by the
+// pid the image records, as in pstree.img): a process listed with ranges gets
+// exactly one guard on top of its own filters, on every thread; a process
+// not listed, or listed with none, loses any guard a previous generation
+// left. ranges must name every rewritten range of the process that holds
+// data (of this and earlier generations), not only new ones.
+func Apply(imageDir string, ranges map[int][]Range) error {
+	st, err := load(imageDir)
+	if err != nil {
+		return err
+	}
+	known := map[int]bool{}
+	for _, p := range st.procs {
+		known[p.pid] = true
+	}
+	var pids []int
+	for pid := range ranges {
+		pids = append(pids, pid)
+	}
+	sort.Ints(pids)
+	for _, pid := range pids {
+		if !known[pid] {
+			return fmt.Errorf("madvguard: pid %d is not a live process of %s: %w", pid, imageDir, errdefs.ErrNotFound)
+		}
+	}
+	for _, pid := range pids {
+		for _, r := range ranges[pid] {
+			if r.End < r.Start {
+				return fmt.Errorf("madvguard: pid %d: range %v ends before it starts: %w", pid, r, errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+
+	// New filters go after every existing one, so the current cores stay
+	// valid until each is replaced.
+	filters := slices.Clone(st.secc.GetSeccompFilters())
+	grown := false
+	for _, p := range st.procs {
+		var guard []byte
+		if rs := Compact(ranges[p.pid]); len(rs) > 0 {
+			prog, err := Program(rs)
+			if err != nil {
+				return fmt.Errorf("madvguard: pid %d: %w", p.pid, err)
+			}
+			guard = encode(prog)
+		}
+		chains := make([][]filter, len(p.cores))
+		for i, core := range p.cores {
+			if chains[i], err = st.chain(core); err != nil {
+				return fmt.Errorf("core-%d.img: %w", p.tids[i], err)
+			}
+		}
+		// CRIU's TSYNC form: the leader carries the chain with the TSYNC
+		// flag and the other threads none; the kernel then gives every
+		// thread the leader's filters. A process with no filters at all
+		// takes the same form. Otherwise each thread keeps its own chain.
+		tsync := true
+		for i, ch := range chains {
+			if i == 0 {
+				tsync = len(ch) == 0 || ch[len(ch)-1].flags&unix.SECCOMP_FILTER_FLAG_TSYNC != 0
+			} else if len(ch) != 0 {
+				tsync = false
+			}
+		}
+		for i, core := range p.cores {
+			if tsync && i > 0 {
+				continue
+			}
+			var want []filter
+			for _, f := range chains[i] {
+				if !isGuard(f.data) {
+					want = append(want, f)
+				}
+			}
+			if guard != nil {
+				var flags uint32
+				if tsync {
+					flags = unix.SECCOMP_FILTER_FLAG_TSYNC
+				}
+				want = append(want, filter{data: guard, flags: flags})
+			}
+			if slices.EqualFunc(want, chains[i], func(a, b filter) bool {
+				return a.flags == b.flags && bytes.Equal(a.data, b.data)
+			}) {
+				continue
+			}
+			tc := core.GetThreadCore()
+			if len(want) == 0 {
+				tc.SeccompMode, tc.SeccompFilter = nil, nil
+			} else {
+				for j, f := range want {
+					nf := &seccomp.SeccompFilter{Filter: f.data, Flags: proto.Uint32(f.flags)}
+					if j > 0 {
+						nf.Prev = proto.Uint32(uint32(len(filters) - 1))
+					}
+					filters = append(filters, nf)
+				}
+				grown = true
+				tc.SeccompMode = criucore.SeccompMode_filter.Enum()
+				tc.SeccompFilter = proto.Uint32(uint32(len(filters) - 1))
+			}
+			p.changed[i] = true
+		}
+	}
+
+	if grown {
+		b, err := marshal.Marshal(&seccomp.SeccompEntry{SeccompFilters: filters})
+		if err != nil {
+			return fmt.Errorf("seccomp.img: %w", err)
+		}
+		simg := st.sImg
+		if simg == nil {
+			simg = &image{head: binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, magicCommon), magicSeccomp)}
+		}
+		simg.entries = [][]byte{b}
+		if err := writeAtomic(filepath.Join(imageDir, "seccomp.img"), simg.bytes()); err != nil {
+			return fmt.Errorf("madvguard: write seccomp.img: %w", err)
+		}
+	}
+	for _, p := range st.procs {
+		for i, core := range p.cores {
+			if !p.changed[i] {
+				continue
+			}
+			b, err := marshal.Marshal(core)
+			if err != nil {
+				return fmt.Errorf("core-%d.img: %w", p.tids[i], err)
+			}
+			p.imgs[i].entries = [][]byte{b}
+			if err := writeAtomic(filepath.Join(imageDir, fmt.Sprintf("core-%d.img", p.tids[i])), p.imgs[i].bytes()); err != nil {
+				return fmt.Errorf("madvguard: write core-%d.img: %w", p.tids[i], err)
+			}
+		}
+	}
+	return nil
+}
