@@ -4,8 +4,8 @@ import (
 	"path/filepath"
 	"regexp"
 
-	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fs"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
