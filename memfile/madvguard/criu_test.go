@@ -1,0 +1,222 @@
+package madvguard_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/testutil"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
+)
+
+// Real CRIU: a two-threaded probe is dumped, guarded and restored; the copy's
+// madvise must fail inside the dumped data and work elsewhere, its own
+// filters must still apply, the original must keep purging, and a copy of
+// the copy must carry exactly one guard.
+
+func buildProbe(t *testing.T) string {
+	t.Helper()
+	testutil.RequiresBinary(t, "gcc")
+	bin := filepath.Join(t.TempDir(), "probe")
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", bin, "testdata/probe.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc probe.c: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// probeLine waits for a report line of the probe written after skip lines.
+func probeLine(t *testing.T, path string, skip int) map[string]string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		f, err := os.Open(path)
+		if err == nil {
+			var lines []string
+			sc := bufio.NewScanner(f)
+			for sc.Scan() {
+				if strings.HasPrefix(sc.Text(), "probe in=") {
+					lines = append(lines, sc.Text())
+				}
+			}
+			f.Close()
+			if len(lines) > skip+1 {
+				// The second to last line is complete for sure.
+				kv := map[string]string{}
+				for _, f := range strings.Fields(lines[len(lines)-2])[1:] {
+					k, v, _ := strings.Cut(f, "=")
+					kv[k] = v
+				}
+				return kv
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(path)
+	t.Fatalf("no probe report in %s:\n%s", path, b)
+	return nil
+}
+
+func lineCount(path string) int {
+	b, _ := os.ReadFile(path)
+	return strings.Count(string(b), "probe in=")
+}
+
+func expect(t *testing.T, who string, got map[string]string, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %s=%s, want %s (line %v)", who, k, got[k], v, got)
+		}
+	}
+}
+
+func guards(t *testing.T, dir string) []madvguard.Thread {
+	t.Helper()
+	ts, err := madvguard.Inspect(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts
+}
+
+func TestGuardThroughCRIU(t *testing.T) {
+	testutil.RequiresCRIU(t)
+	probe := buildProbe(t)
+	if err := criurun.BecomeSubreaper(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		own  string // errno of the probe's own filtered call
+		base int    // filters the probe installs on its main thread
+	}{
+		{"no-filters", nil, "EINVAL", 0},
+		{"own-filter", []string{"-f"}, "EXFULL", 1},
+		{"per-thread-chains", []string{"-f", "-F"}, "EXFULL", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			tmp := t.TempDir()
+			out := filepath.Join(tmp, "parent.out")
+			w, err := criurun.Start(append([]string{probe}, tc.args...), criurun.StartOptions{Stdout: out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Kill()
+			probeLine(t, out, 0)
+
+			img := filepath.Join(tmp, "img")
+			if _, err := criurun.Dump(ctx, w.PID, img, criurun.DumpOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			ranges, err := madvguard.AnonRanges(img)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ranges[1]) == 0 {
+				t.Fatalf("no data ranges for pid 1: %v", ranges)
+			}
+			if ok, err := madvguard.Installed(img); err != nil || ok {
+				t.Fatalf("Installed before Apply = %v, %v", ok, err)
+			}
+			if err := madvguard.Apply(img, ranges); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := os.ReadFile(filepath.Join(img, "seccomp.img"))
+			if err := madvguard.Apply(img, ranges); err != nil { // idempotent
+				t.Fatal(err)
+			}
+			after, _ := os.ReadFile(filepath.Join(img, "seccomp.img"))
+			if string(before) != string(after) {
+				t.Errorf("a second Apply changed seccomp.img (%d -> %d bytes)", len(before), len(after))
+			}
+			if ok, err := madvguard.Installed(img); err != nil || !ok {
+				t.Fatalf("Installed after Apply = %v, %v", ok, err)
+			}
+			checkOneGuard(t, img)
+
+			copyOut := filepath.Join(tmp, "copy.out")
+			r, err := criurun.Restore(ctx, img, criurun.RestoreOptions{Stdout: copyOut})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer criurun.Kill(r.PID)
+			filters := strconv.Itoa(tc.base + 1)
+			expect(t, "copy", probeLine(t, copyOut, 1), map[string]string{
+				"in": "EINVAL", "free": "EINVAL", "out": "ok", "data": "ok",
+				"own": tc.own, "filters": filters, "t2in": "EINVAL", "t2own": tc.own,
+			})
+			expect(t, "original", probeLine(t, out, lineCount(out)), map[string]string{
+				"in": "ok", "free": "ok", "out": "ok", "data": "ok", "own": tc.own,
+				"filters": strconv.Itoa(tc.base), "t2in": "ok",
+			})
+
+			// A copy of the copy: its dump carries the guard from the kernel;
+			// Apply replaces it, never stacks a second one.
+			img2 := filepath.Join(tmp, "img2")
+			if _, err := criurun.Dump(ctx, r.PID, img2, criurun.DumpOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			checkOneGuard(t, img2)
+			ranges2, err := madvguard.AnonRanges(img2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := madvguard.Apply(img2, ranges2); err != nil {
+				t.Fatal(err)
+			}
+			checkOneGuard(t, img2)
+			grandOut := filepath.Join(tmp, "grandchild.out")
+			r2, err := criurun.Restore(ctx, img2, criurun.RestoreOptions{Stdout: grandOut})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer criurun.Kill(r2.PID)
+			expect(t, "copy of the copy", probeLine(t, grandOut, 1), map[string]string{
+				"in": "EINVAL", "free": "EINVAL", "out": "ok", "data": "ok",
+				"own": tc.own, "filters": filters, "t2in": "EINVAL", "t2own": tc.own,
+			})
+
+			// Removing the guard (no ranges) gives back the plain image.
+			if err := madvguard.Apply(img2, nil); err != nil {
+				t.Fatal(err)
+			}
+			if ok, _ := madvguard.Installed(img2); ok {
+				t.Error("guard still installed after Apply with no ranges")
+			}
+		})
+	}
+}
+
+// checkOneGuard asserts that every thread carrying filters has exactly one
+// guard, and that every thread is covered (its own chain or the leader's
+// TSYNC chain).
+func checkOneGuard(t *testing.T, dir string) {
+	t.Helper()
+	ts := guards(t, dir)
+	leaderTSync := map[int]bool{}
+	for _, th := range ts {
+		if th.Tid == th.Pid {
+			leaderTSync[th.Pid] = th.TSync
+		}
+	}
+	for _, th := range ts {
+		switch {
+		case th.Filters == 0 && leaderTSync[th.Pid]:
+		case th.Guards != 1:
+			t.Errorf("thread %d/%d: %d guards in %d filters, want exactly 1 (%+v)", th.Pid, th.Tid, th.Guards, th.Filters, ts)
+		}
+	}
+	if testing.Verbose() {
+		t.Logf("%s: %s", filepath.Base(dir), fmt.Sprint(ts))
+	}
+}
