@@ -336,4 +336,3 @@ func TestFreezeForks(t *testing.T) {
 		t.Errorf("status at the end: %+v", st)
 	}
 }
-

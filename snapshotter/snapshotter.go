@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -18,6 +19,8 @@ import (
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 )
 
 // Option configures a Snapshotter.
@@ -57,6 +60,7 @@ type Snapshotter struct {
 	mu       sync.Mutex
 	building map[string]struct{} // guarded by mu
 
+	lock      *os.File // flock on root/lock, held until Close
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -87,8 +91,18 @@ func New(ctx context.Context, root string, opts ...Option) (*Snapshotter, error)
 	if err := os.Mkdir(filepath.Join(root, "snapshots"), 0o700); err != nil && !os.IsExist(err) {
 		return nil, err
 	}
-	ms, err := storage.NewMetaStore(filepath.Join(root, "metadata.db"))
+	// bbolt would wait forever for a second process's lock: fail fast
+	// with a clear error instead.
+	lock, err := lockRoot(root)
 	if err != nil {
+		return nil, err
+	}
+	ms, err := storage.NewMetaStore(filepath.Join(root, "metadata.db"), func(o *bolt.Options) error {
+		o.Timeout = 10 * time.Second
+		return nil
+	})
+	if err != nil {
+		lock.Close()
 		return nil, fmt.Errorf("open metadata of %s: %w", root, err)
 	}
 	options := c.mountOptions
@@ -103,13 +117,14 @@ func New(ctx context.Context, root string, opts ...Option) (*Snapshotter, error)
 		options:     options,
 		asyncRemove: c.asyncRemove,
 		building:    map[string]struct{}{},
+		lock:        lock,
 	}
 	if err := s.Cleanup(ctx); err != nil {
-		ms.Close()
+		s.Close()
 		return nil, fmt.Errorf("reconcile %s on start: %w", root, err)
 	}
 	if missing, err := s.missingDirs(ctx); err != nil {
-		ms.Close()
+		s.Close()
 		return nil, err
 	} else {
 		for _, m := range missing {
@@ -117,6 +132,21 @@ func New(ctx context.Context, root string, opts ...Option) (*Snapshotter, error)
 		}
 	}
 	return s, nil
+}
+
+func lockRoot(root string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(root, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s is in use by another snapshotter process: %w", root, errdefs.ErrUnavailable)
+		}
+		return nil, fmt.Errorf("lock %s: %w", root, err)
+	}
+	return f, nil
 }
 
 // Root is the directory the snapshotter keeps everything in.
@@ -333,7 +363,10 @@ func (s *Snapshotter) missingDirs(ctx context.Context) ([]string, error) {
 
 // Close closes the metadata store; later calls return the first result.
 func (s *Snapshotter) Close() error {
-	s.closeOnce.Do(func() { s.closeErr = s.ms.Close() })
+	s.closeOnce.Do(func() {
+		s.closeErr = s.ms.Close()
+		s.lock.Close()
+	})
 	return s.closeErr
 }
 

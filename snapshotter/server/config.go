@@ -1,0 +1,81 @@
+package server
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+
+	"github.com/containerd/errdefs"
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/lazyfork/lazyfork/snapshotter/client"
+)
+
+// Config is lazyfork-snapshotter's configuration (the --config TOML file).
+type Config struct {
+	// Root holds metadata.db and the layers.
+	Root string `toml:"root"`
+	// Address is the unix socket of containerd's snapshots gRPC API.
+	Address string `toml:"address"`
+	// TTRPCAddress is the unix socket of the lazyfork.v1 API
+	// (default: Address + ".ttrpc").
+	TTRPCAddress string `toml:"ttrpc_address"`
+	// MountOptions are added to every overlay mount.
+	MountOptions []string `toml:"mount_options"`
+	// AsyncRemove leaves freeing removed layers' disk to Cleanup (containerd's
+	// GC calls it after removing), which keeps Remove fast.
+	AsyncRemove bool `toml:"async_remove"`
+	// LogLevel: trace, debug, info, warn, error.
+	LogLevel string `toml:"log_level"`
+}
+
+// DefaultRoot is where the layers live unless configured otherwise.
+const DefaultRoot = "/var/lib/lazyfork/snapshotter"
+
+// DefaultConfig is the configuration without a file or flags.
+func DefaultConfig() Config {
+	return Config{Root: DefaultRoot, Address: client.DefaultAddress, LogLevel: "info"}
+}
+
+// LoadConfig reads a TOML file over DefaultConfig; unknown keys are errors,
+// so a typo does not silently fall back to a default.
+func LoadConfig(path string) (Config, error) {
+	cfg := DefaultConfig()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, err
+	}
+	d := toml.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&cfg); err != nil {
+		return cfg, fmt.Errorf("config %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	return cfg, nil
+}
+
+// ttrpcAddress is where the ttrpc API listens.
+func (c Config) ttrpcAddress() string {
+	if c.TTRPCAddress != "" {
+		return c.TTRPCAddress
+	}
+	return client.TTRPCAddress(c.Address)
+}
+
+// Validate reports the first unusable setting.
+func (c Config) Validate() error {
+	switch {
+	case c.Root == "":
+		return fmt.Errorf("root is empty: %w", errdefs.ErrInvalidArgument)
+	case c.Address == "":
+		return fmt.Errorf("address is empty: %w", errdefs.ErrInvalidArgument)
+	case c.Address == c.ttrpcAddress():
+		return fmt.Errorf("address and ttrpc_address are both %s: %w", c.Address, errdefs.ErrInvalidArgument)
+	}
+	for _, a := range []string{c.Address, c.ttrpcAddress()} {
+		// sun_path is 108 bytes including the NUL.
+		if len(a) > 107 {
+			return fmt.Errorf("socket path %s is %d bytes, longer than a unix socket allows (107): %w", a, len(a), errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,170 @@
+//go:build linux
+
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/contrib/snapshotservice"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc"
+
+	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
+	"github.com/lazyfork/lazyfork/snapshotter"
+)
+
+// Server serves one snapshotter on its two sockets.
+type Server struct {
+	cfg   Config
+	sn    *snapshotter.Snapshotter
+	grpc  *grpc.Server
+	ttrpc *ttrpc.Server
+	lns   []net.Listener
+
+	stopOnce sync.Once
+}
+
+// New opens the snapshotter (reconciling its root) and binds both sockets.
+func New(ctx context.Context, cfg Config, version string) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var opts []snapshotter.Option
+	if len(cfg.MountOptions) > 0 {
+		opts = append(opts, snapshotter.WithMountOptions(cfg.MountOptions...))
+	}
+	if cfg.AsyncRemove {
+		opts = append(opts, snapshotter.WithAsyncRemove())
+	}
+	sn, err := snapshotter.New(ctx, cfg.Root, opts...)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, sn: sn, grpc: grpc.NewServer()}
+	snapshotsapi.RegisterSnapshotsServer(s.grpc, snapshotservice.FromSnapshotter(sn))
+	s.ttrpc, err = ttrpc.NewServer()
+	if err != nil {
+		sn.Close()
+		return nil, err
+	}
+	lazyforkv1.RegisterSnapshotterService(s.ttrpc, &snapshotter.Service{S: sn, Version: version})
+
+	for _, a := range []string{cfg.Address, cfg.ttrpcAddress()} {
+		l, err := listen(ctx, a)
+		if err != nil {
+			s.closeListeners()
+			sn.Close()
+			return nil, err
+		}
+		s.lns = append(s.lns, l)
+	}
+	return s, nil
+}
+
+// Snapshotter is the snapshotter being served.
+func (s *Server) Snapshotter() *snapshotter.Snapshotter { return s.sn }
+
+// Serve serves until Stop; it returns the first serving error.
+func (s *Server) Serve(ctx context.Context) error {
+	errc := make(chan error, 2)
+	go func() { errc <- s.grpc.Serve(s.lns[0]) }()
+	go func() { errc <- s.ttrpc.Serve(ctx, s.lns[1]) }()
+	log.G(ctx).WithField("address", s.cfg.Address).WithField("ttrpc", s.cfg.ttrpcAddress()).
+		WithField("root", s.cfg.Root).Info("lazyfork-snapshotter serving")
+	var first error
+	for range 2 {
+		err := <-errc
+		if err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, ttrpc.ErrServerClosed) && first == nil {
+			first = err
+			s.Stop(ctx, false)
+		}
+	}
+	return first
+}
+
+// Stop stops serving, removes the sockets and closes the snapshotter.
+// graceful waits (up to a minute) for calls in flight; otherwise they are
+// cancelled.
+func (s *Server) Stop(ctx context.Context, graceful bool) {
+	s.stopOnce.Do(func() {
+		if graceful {
+			done := make(chan struct{})
+			go func() {
+				s.grpc.GracefulStop()
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(time.Minute):
+				log.G(ctx).Warn("calls still running after a minute; cancelling them")
+				s.grpc.Stop()
+			}
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_ = s.ttrpc.Shutdown(sctx)
+			cancel()
+		} else {
+			s.grpc.Stop()
+		}
+		_ = s.ttrpc.Close()
+		s.closeListeners()
+		if err := s.sn.Close(); err != nil {
+			log.G(ctx).WithError(err).Warn("close snapshotter")
+		}
+	})
+}
+
+// Cancel cancels the calls in flight, making a graceful Stop finish now.
+func (s *Server) Cancel() {
+	s.grpc.Stop()
+	_ = s.ttrpc.Close()
+}
+
+func (s *Server) closeListeners() {
+	for _, l := range s.lns {
+		l.Close()
+		os.Remove(l.Addr().String())
+	}
+}
+
+// listen binds a unix socket in a 0700 directory, replacing a stale socket
+// but refusing to steal one that a live server answers on.
+func listen(ctx context.Context, address string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(address), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Dir(address), 0o700); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(address); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket: %w", address, errdefs.ErrAlreadyExists)
+		}
+		if c, err := net.DialTimeout("unix", address, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%s: another server is listening there: %w", address, errdefs.ErrAlreadyExists)
+		}
+		log.G(ctx).WithField("address", address).Info("removing stale socket")
+		if err := os.Remove(address); err != nil {
+			return nil, err
+		}
+	}
+	l, err := net.Listen("unix", address)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(address, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
