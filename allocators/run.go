@@ -1,0 +1,214 @@
+package allocators
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lazyfork/lazyfork/internal/criurun"
+)
+
+// Prepare turns a fresh dump into the image forks restore from (the memfile
+// rewrite and/or the madvise guard). gen is 1 for the dump of the original,
+// 2 for the dump of a fork.
+type Prepare func(ctx context.Context, imageDir string, gen int) error
+
+// RunOptions describe one family: an original, Forks copies of it watched
+// for Watch, then (if ForkOfFork) a copy of the first copy watched for
+// WatchGrandchild.
+type RunOptions struct {
+	Config          Config
+	Bins            map[string]string
+	Dir             string // work directory (created)
+	Prepare         Prepare
+	Forks           int
+	Warmup          time.Duration // churn before the dump
+	Watch           time.Duration
+	ForkOfFork      bool
+	WatchGrandchild time.Duration
+	Threads, MiB    int
+	YieldUs         int
+	Keep            bool // leave processes running (caller kills Result.PIDs)
+	// Sample, if set, is called with every watched process at the end of
+	// each watch (e.g. to read its memory).
+	Sample func(role string, pid int)
+}
+
+// Copy is the outcome of one watched process.
+type Copy struct {
+	Role        string // "parent", "fork1".., "fork1.1"
+	PID         int
+	Out         string // its stdout
+	First, Last Status
+	Lines       int
+	Filters     int // Seccomp_filters of its root at the end of the watch
+}
+
+// Result is the outcome of a family run.
+type Result struct {
+	Copies []Copy
+	PIDs   []int
+}
+
+// Run starts the original, dumps it, prepares the image, restores the forks
+// and watches them. Processes are killed before Run returns unless Keep.
+func Run(ctx context.Context, o RunOptions) (*Result, error) {
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if o.Threads == 0 {
+		o.Threads = 2
+	}
+	if o.MiB == 0 {
+		o.MiB = 64
+	}
+	args, env := Command(o.Bins, o.Config, o.Threads, o.MiB, o.YieldUs)
+	res := &Result{}
+	defer func() {
+		if !o.Keep {
+			for _, p := range res.PIDs {
+				criurun.Kill(p)
+			}
+		}
+	}()
+	pout := filepath.Join(o.Dir, "parent.out")
+	w, err := criurun.Start(args, criurun.StartOptions{Stdout: pout, Env: env})
+	if err != nil {
+		return res, err
+	}
+	res.PIDs = append(res.PIDs, w.PID)
+	if err := waitLines(ctx, pout, 1, 30*time.Second); err != nil {
+		return res, err
+	}
+	sleep(ctx, o.Warmup)
+
+	img := filepath.Join(o.Dir, "img")
+	if _, err := criurun.Dump(ctx, w.PID, img, criurun.DumpOptions{}); err != nil {
+		return res, err
+	}
+	if o.Prepare != nil {
+		if err := o.Prepare(ctx, img, 1); err != nil {
+			return res, fmt.Errorf("prepare: %w", err)
+		}
+	}
+	copies := []Copy{{Role: "parent", PID: w.PID, Out: pout}}
+	for i := 1; i <= o.Forks; i++ {
+		out := filepath.Join(o.Dir, fmt.Sprintf("fork%d.out", i))
+		r, err := criurun.Restore(ctx, img, criurun.RestoreOptions{Stdout: out})
+		if err != nil {
+			return res, err
+		}
+		res.PIDs = append(res.PIDs, r.PID)
+		copies = append(copies, Copy{Role: fmt.Sprintf("fork%d", i), PID: r.PID, Out: out})
+	}
+	sleep(ctx, o.Watch)
+	for i := range copies {
+		finish(&copies[i], o.Sample)
+	}
+	if o.ForkOfFork && o.Forks > 0 {
+		img2 := filepath.Join(o.Dir, "img2")
+		if _, err := criurun.Dump(ctx, copies[1].PID, img2, criurun.DumpOptions{}); err != nil {
+			return res, err
+		}
+		if o.Prepare != nil {
+			if err := o.Prepare(ctx, img2, 2); err != nil {
+				return res, fmt.Errorf("prepare fork of fork: %w", err)
+			}
+		}
+		out := filepath.Join(o.Dir, "fork1.1.out")
+		r, err := criurun.Restore(ctx, img2, criurun.RestoreOptions{Stdout: out})
+		if err != nil {
+			return res, err
+		}
+		res.PIDs = append(res.PIDs, r.PID)
+		sleep(ctx, o.WatchGrandchild)
+		g := Copy{Role: "fork1.1", PID: r.PID, Out: out}
+		finish(&g, o.Sample)
+		copies = append(copies, g)
+	}
+	res.Copies = copies
+	return res, ctx.Err()
+}
+
+func finish(c *Copy, sample func(string, int)) {
+	c.First, c.Last, c.Lines, _ = ReadStatus(c.Out)
+	c.Filters = seccompFilters(c.PID)
+	if sample != nil {
+		sample(c.Role, c.PID)
+	}
+}
+
+// Check returns an error naming every copy that failed a check, made no
+// progress or did not run.
+func (r *Result) Check() error {
+	var errs []error
+	for _, c := range r.Copies {
+		switch {
+		case c.Lines < 2:
+			errs = append(errs, fmt.Errorf("%s (pid %d): %d status lines", c.Role, c.PID, c.Lines))
+		case c.Last.Failures() > 0:
+			errs = append(errs, fmt.Errorf("%s (pid %d): %d bad callocs, %d bad patterns in %d callocs (%d ops)",
+				c.Role, c.PID, c.Last.BadCalloc, c.Last.BadPattern, c.Last.Callocs, c.Last.Ops))
+		case c.Last.Ops <= c.First.Ops:
+			errs = append(errs, fmt.Errorf("%s (pid %d): no progress (%d ops)", c.Role, c.PID, c.Last.Ops))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c Copy) String() string {
+	return fmt.Sprintf("%s pid=%d lines=%d ops=%d callocs=%d bad_calloc=%d bad_pattern=%d filters=%d",
+		c.Role, c.PID, c.Lines, c.Last.Ops-c.First.Ops, c.Last.Callocs-c.First.Callocs, c.Last.BadCalloc, c.Last.BadPattern, c.Filters)
+}
+
+func seccompFilters(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Seccomp_filters:"); ok {
+			var n int
+			fmt.Sscan(v, &n)
+			return n
+		}
+	}
+	return -1
+}
+
+func waitLines(ctx context.Context, path string, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if _, _, got, _ := ReadStatus(path); got >= n {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(path)
+	return fmt.Errorf("%s: fewer than %d status lines after %v:\n%s", path, n, timeout, b)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// RunAll runs one family per option set at once and returns the results in
+// the same order.
+func RunAll(ctx context.Context, opts []RunOptions) ([]*Result, []error) {
+	res := make([]*Result, len(opts))
+	errs := make([]error, len(opts))
+	var wg sync.WaitGroup
+	for i := range opts {
+		wg.Go(func() { res[i], errs[i] = Run(ctx, opts[i]) })
+	}
+	wg.Wait()
+	return res, errs
+}
