@@ -36,6 +36,24 @@ var Kinds = []Kind{C, Python, Go}
 // Command builds the workload kind into dir (created if missing) and returns the
 // command line that runs it with a heap of heapMiB and a tick of tickMs.
 func Command(ctx context.Context, kind Kind, dir string, heapMiB, tickMs int) ([]string, error) {
+	return CommandWith(ctx, kind, dir, Options{HeapMiB: heapMiB, TickMs: tickMs})
+}
+
+// Options shape a workload's command line.
+type Options struct {
+	HeapMiB int
+	TickMs  int
+	// Quiet (C only, for benchmarks): no threads, no churn; each tick reads a few
+	// dozen random heap pages and writes one page.
+	Quiet bool
+}
+
+// CommandWith is Command with every option.
+func CommandWith(ctx context.Context, kind Kind, dir string, o Options) ([]string, error) {
+	heapMiB, tickMs := o.HeapMiB, o.TickMs
+	if o.Quiet && kind != C {
+		return nil, fmt.Errorf("quiet mode exists for the c workload only: %w", errdefs.ErrInvalidArgument)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -45,6 +63,9 @@ func Command(ctx context.Context, kind Kind, dir string, heapMiB, tickMs int) ([
 		p, err := BuildC(ctx, dir)
 		if err != nil {
 			return nil, err
+		}
+		if o.Quiet {
+			return []string{p, "-q", "-m", m, "-t", t}, nil
 		}
 		return []string{p, "-m", m, "-t", t}, nil
 	case Go:

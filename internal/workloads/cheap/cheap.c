@@ -16,7 +16,11 @@
 // Output (line buffered): "ready ...", "tick N bad=B", "verify tick=N ok=0|1 ...",
 // "marker tick=N value=V".
 //
-// Usage: cheap [-m heapMiB] [-t tickMs] [-c checkKiBPerTick] [-T threads]
+// With -q (quiet, for benchmarks) there are no threads and no churn: each tick reads
+// a few dozen random pages of the heap and writes one page of a 4 MiB scratch area
+// (a different page each tick, so a copy gains one private page per tick).
+//
+// Usage: cheap [-q] [-m heapMiB] [-t tickMs] [-c checkKiBPerTick] [-T threads]
 #define _GNU_SOURCE
 #include <errno.h>
 #include <malloc.h>
@@ -261,15 +265,16 @@ static void on_usr2(int s) { (void)s; want_marker = 1; }
 
 int main(int argc, char **argv) {
 	long heap_mib = 256, tick_ms = 100, check_kib = 1024, threads = 2;
-	int c;
-	while ((c = getopt(argc, argv, "m:t:c:T:")) != -1) {
+	int c, quiet = 0;
+	while ((c = getopt(argc, argv, "qm:t:c:T:")) != -1) {
 		switch (c) {
+		case 'q': quiet = 1; threads = 0; break;
 		case 'm': heap_mib = atol(optarg); break;
 		case 't': tick_ms = atol(optarg); break;
 		case 'c': check_kib = atol(optarg); break;
 		case 'T': threads = atol(optarg); break;
 		default:
-			fprintf(stderr, "usage: %s [-m heapMiB] [-t tickMs] [-c checkKiBPerTick] [-T threads]\n", argv[0]);
+			fprintf(stderr, "usage: %s [-q] [-m heapMiB] [-t tickMs] [-c checkKiBPerTick] [-T threads]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -310,6 +315,36 @@ int main(int argc, char **argv) {
 
 	size_t cursor = 0;
 	uint64_t per_tick = (uint64_t)check_kib * 1024;
+	volatile uint64_t sink = 0;
+	uint64_t *scratch = NULL;
+	if (quiet) {
+		scratch = malloc(4UL << 20);
+		memset(scratch, 0x5a, 4UL << 20);
+	}
+	for (uint64_t tick = 1; quiet; tick++) {
+		for (int k = 0; k < 40; k++) {
+			struct block *b = &blocks[rnd() % nblocks];
+			sink += b->p[(rnd() % (b->words * 8 / PAGE)) * (PAGE / 8)];
+		}
+		scratch[(tick % 1024) * (PAGE / 8)] = tick;
+		printf("tick %llu bad=%llu\n", (unsigned long long)tick, (unsigned long long)atomic_load(&bad));
+		struct timespec ts = {tick_ms / 1000, (tick_ms % 1000) * 1000000};
+		while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+			if (want_verify || want_marker)
+				break;
+		}
+		if (want_marker) {
+			want_marker = 0;
+			marker_value = (rnd() >> 1) | 1;
+			*marker = marker_value;
+			printf("marker tick=%llu value=%llu\n", (unsigned long long)tick,
+			       (unsigned long long)marker_value);
+		}
+		if (want_verify) {
+			want_verify = 0;
+			verify(tick);
+		}
+	}
 	for (uint64_t tick = 1;; tick++) {
 		// Check a slice of the heap, wrapping around.
 		uint64_t done = 0, n = 0;
