@@ -3,7 +3,6 @@
 package snapshotter_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -200,27 +199,41 @@ func execOut(ctx context.Context, task containerd.Task, args ...string) (string,
 	pspec := *spec.Process
 	pspec.Args = args
 	pspec.Terminal = false
-	var out bytes.Buffer
-	id := fmt.Sprintf("x%d", time.Now().UnixNano())
-	p, err := task.Exec(ctx, id, &pspec, cio.NewCreator(cio.WithStreams(nil, &out, &out)))
+	// The shim writes the output to a file itself: reading after Delete
+	// then sees all of it (a fifo copy can lose the tail to Delete's cancel).
+	f, err := os.CreateTemp("", "lfsn-exec-")
 	if err != nil {
 		return "", err
 	}
-	defer p.Delete(ctx)
+	f.Close()
+	defer os.Remove(f.Name())
+	id := fmt.Sprintf("x%d", time.Now().UnixNano())
+	p, err := task.Exec(ctx, id, &pspec, cio.LogFile(f.Name()))
+	if err != nil {
+		return "", err
+	}
 	ch, err := p.Wait(ctx)
 	if err != nil {
+		p.Delete(ctx)
 		return "", err
 	}
 	if err := p.Start(ctx); err != nil {
+		p.Delete(ctx)
 		return "", err
 	}
 	st := <-ch
-	if st.ExitCode() != 0 {
-		return out.String(), fmt.Errorf("%v exited %d: %s", args, st.ExitCode(), out.String())
+	// Delete waits for the shim to flush the output and closes our copy.
+	if _, err := p.Delete(ctx); err != nil {
+		return "", err
 	}
-	// Let the output copy finish.
-	p.IO().Wait()
-	return out.String(), nil
+	out, err := os.ReadFile(f.Name())
+	if err != nil {
+		return "", err
+	}
+	if st.ExitCode() != 0 {
+		return string(out), fmt.Errorf("%v exited %d: %s", args, st.ExitCode(), out)
+	}
+	return string(out), nil
 }
 
 func sh(t *testing.T, ctx context.Context, task containerd.Task, script string) string {
@@ -458,4 +471,3 @@ func TestForkFamilyThroughContainerd(t *testing.T) {
 		t.Errorf("after everything went: %+v, %d dirs", st, len(entries))
 	}
 }
-
