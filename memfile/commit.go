@@ -1,0 +1,314 @@
+package memfile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/containerd/errdefs"
+	"github.com/lazyfork/lazyfork/criuimg"
+	"golang.org/x/sys/unix"
+)
+
+const stagingInfix = ".lazyfork-stage-"
+
+// removeStaleStaging removes staging directories a crashed rewrite of
+// imageDir left beside it.
+func removeStaleStaging(imageDir string) {
+	old, _ := filepath.Glob(imageDir + stagingInfix + "*")
+	for _, d := range old {
+		os.RemoveAll(d)
+	}
+}
+
+// stage builds the complete new image beside imageDir: unchanged files hard
+// linked, changed ones written anew.
+func (rw *rewriter) stage(ctx context.Context) error {
+	rw.staging = rw.imageDir + stagingInfix + randHex(6)
+	if err := os.Mkdir(rw.staging, 0o700); err != nil {
+		return err
+	}
+	rewritten := map[string]bool{criuimg.FilesPath(rw.imageDir): true, filepath.Join(rw.imageDir, SnapshotFile): true}
+	for _, t := range rw.tasks {
+		if t.changed {
+			rewritten[criuimg.MMPath(rw.imageDir, t.pid)] = true
+			rewritten[criuimg.PagemapPath(rw.imageDir, t.pid)] = true
+			rewritten[criuimg.PagesPath(rw.imageDir, t.pm.PagesID)] = true
+		}
+	}
+	if err := linkTree(rw.imageDir, rw.staging, rewritten); err != nil {
+		return fmt.Errorf("staging: %w", err)
+	}
+	var memInfo os.FileInfo
+	if rw.mem != nil {
+		var err error
+		if memInfo, err = rw.mem.Stat(); err != nil {
+			return err
+		}
+	}
+	var kept, mapped uint64
+	for _, t := range rw.tasks {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if t.mm == nil {
+			continue
+		}
+		var stay []run
+		for _, p := range t.vmas {
+			if p.convert {
+				v := p.e
+				v.Status = ptr(v.GetStatus()&^vmaAnonPrivate | vmaFilePrivate)
+				v.Flags = ptr(v.GetFlags() &^ unix.MAP_ANONYMOUS)
+				v.Shmid = ptr(uint64(p.region.regID))
+				v.Pgoff = ptr(uint64(p.regOff))
+				v.Fdflags = ptr(uint32(unix.O_RDONLY))
+				stay = append(stay, p.kept...)
+				continue
+			}
+			stay = append(stay, p.overlay...)
+		}
+		for _, r := range stay {
+			kept += r.n
+		}
+		if !t.changed {
+			continue
+		}
+		if err := criuimg.WriteImage(criuimg.MMPath(rw.staging, t.pid), t.mm.Image); err != nil {
+			return err
+		}
+		pm, runs := pagemapFrom(t.pm, stay)
+		if err := criuimg.WriteImage(criuimg.PagemapPath(rw.staging, t.pid), pm.Image()); err != nil {
+			return err
+		}
+		if err := rw.writePages(criuimg.PagesPath(rw.staging, t.pm.PagesID), runs); err != nil {
+			return err
+		}
+	}
+
+	// files.img: one entry per region, and no entry for a family file that
+	// nothing uses any more (a rebase left it behind).
+	used := map[uint32]bool{}
+	for _, t := range rw.tasks {
+		if t.mm == nil {
+			continue
+		}
+		for _, p := range t.vmas {
+			if p.e.GetStatus()&(vmaFilePrivate|vmaFileShared) != 0 {
+				used[uint32(p.e.GetShmid())] = true
+			}
+		}
+		used[t.mm.MM.GetExeFileId()] = true
+	}
+	fdIDs, err := fdinfoIDs(rw.imageDir)
+	if err != nil {
+		return err
+	}
+	for id := range fdIDs {
+		used[id] = true
+	}
+	files := &criuimg.FilesImage{Image: &criuimg.Image{Head: rw.files.Image.Head, Magic: rw.files.Image.Magic}}
+	pinned := map[string]bool{}
+	for _, fe := range rw.files.Entries {
+		if name, ok := rw.famFiles[fe.GetId()]; ok {
+			if !used[fe.GetId()] {
+				continue
+			}
+			pinned[name] = true
+		}
+		files.Add(fe)
+	}
+	for _, reg := range rw.regions {
+		files.Add(rw.regFile(reg.regID, memInfo, uint32(memInfo.Mode().Perm())|unix.S_IFREG))
+	}
+	if len(rw.regions) > 0 {
+		pinned[rw.memName] = true
+	}
+	if err := criuimg.WriteImage(criuimg.FilesPath(rw.staging), files.Image); err != nil {
+		return err
+	}
+
+	// What the image maps from files, for the snapshot record.
+	seen := map[[2]int64]bool{}
+	for _, t := range rw.tasks {
+		if t.mm == nil {
+			continue
+		}
+		for _, p := range t.vmas {
+			var f *os.File
+			var off int64
+			switch {
+			case p.convert:
+				f, off = rw.mem, p.regOff
+			case p.kind == vmaFamily:
+				f, off = p.base, p.baseOff
+			default:
+				continue
+			}
+			k := [2]int64{int64(f.Fd()), off}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			n, err := dataPages(f, off, int64(p.pages()*pageSize))
+			if err != nil {
+				return err
+			}
+			mapped += n
+		}
+	}
+	rw.info = SnapshotInfo{
+		Family: rw.opts.Family, Pages: mapped, KeptPages: kept, MapDir: rw.opts.MapDir,
+		Rebased: rw.rebase, Created: time.Now().UTC(),
+	}
+	for name := range pinned {
+		rw.info.Files = append(rw.info.Files, name)
+		if name != rw.memName && rw.info.Parent == "" {
+			rw.info.Parent = name
+		}
+	}
+	slices.Sort(rw.info.Files)
+	if rw.info.Parent != "" {
+		// The parent is the newest file the delta sits on (names sort by time).
+		for _, name := range rw.info.Files {
+			if name != rw.memName {
+				rw.info.Parent = name
+			}
+		}
+	}
+	return writeJSONAtomic(filepath.Join(rw.staging, SnapshotFile), &rw.info, 0o644)
+}
+
+// writePages writes a pages image holding runs back to back.
+func (rw *rewriter) writePages(path string, runs []run) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	before := rw.cp.written
+	var off int64
+	for _, r := range runs {
+		n := int64(r.n * pageSize)
+		if r.kind == srcFile {
+			if err := rw.cp.copy(f, off, r.f, r.off, n); err != nil {
+				return err
+			}
+		}
+		off += n
+	}
+	rw.stagedBytes += rw.cp.written - before
+	// Zero runs are holes; make the file whole.
+	if err := f.Truncate(off); err != nil {
+		return err
+	}
+	return nil
+}
+
+// fdinfoIDs returns the file ids open as descriptors in any task.
+func fdinfoIDs(dir string) (map[uint32]bool, error) {
+	ids := map[uint32]bool{}
+	paths, _ := filepath.Glob(filepath.Join(dir, "fdinfo-*.img"))
+	for _, p := range paths {
+		img, err := criuimg.ReadImage(p, criuimg.MagicFdinfo, criuimg.Of(&fdinfo.FdinfoEntry{}))
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range img.Entries {
+			ids[e.(*fdinfo.FdinfoEntry).GetId()] = true
+		}
+	}
+	return ids, nil
+}
+
+// linkTree hard links every file of src into dst (same filesystem), except
+// the skipped paths; directories are recreated and symlinks copied.
+func linkTree(src, dst string, skip map[string]bool) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		target := filepath.Join(dst, rel)
+		switch {
+		case rel == ".":
+			return nil
+		case d.IsDir():
+			return os.Mkdir(target, 0o700)
+		case skip[path]:
+			return nil
+		case d.Type()&fs.ModeSymlink != 0:
+			l, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(l, target)
+		}
+		return os.Link(path, target)
+	})
+}
+
+// commit makes the rewrite visible: under the family lock, the new snapshot's
+// reference is recorded, the memory file gets its final name, and the staged
+// image is swapped with imageDir in one atomic rename (RENAME_EXCHANGE).
+// The old image then sits at the staging path and is removed.
+func (rw *rewriter) commit(ctx context.Context) error {
+	unlock, err := rw.store.lockFamily(rw.opts.Family)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if rw.mem != nil {
+		final := filepath.Join(rw.famDir, rw.memName)
+		if err := os.Rename(rw.memTmp, final); err != nil {
+			return err
+		}
+		rw.memTmp = final // an abort from here on removes it
+	}
+	holder := rw.opts.Holder
+	if holder == "" {
+		holder = HolderSnapshot + rw.imageDir
+	}
+	if err := rw.store.refLocked(rw.opts.Family, holder, rw.info.Files); err != nil {
+		return err
+	}
+	// Every directory the swap touches must agree with the holder record
+	// before the swap (a crash between the two leaves a dead holder, since
+	// imageDir has no lazyfork.json yet, and GC frees the file).
+	if err := ctx.Err(); err != nil {
+		rw.store.dropRefLocked(rw.opts.Family, holder, rw.opts.Holder == "")
+		return err
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, rw.staging, unix.AT_FDCWD, rw.imageDir, unix.RENAME_EXCHANGE); err != nil {
+		rw.store.dropRefLocked(rw.opts.Family, holder, rw.opts.Holder == "")
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+			return fmt.Errorf("atomic swap of %s (renameat2 RENAME_EXCHANGE): %v: %w", rw.imageDir, err, errdefs.ErrNotImplemented)
+		}
+		return fmt.Errorf("swap %s: %w", rw.imageDir, err)
+	}
+	rw.committed = true
+	rw.memTmp = ""
+	// rw.staging now holds the old image; abort is not called, remove it here.
+	old := rw.staging
+	rw.staging = ""
+	if err := os.RemoveAll(old); err != nil && !strings.Contains(err.Error(), "no such file") {
+		return nil // the snapshot is in place; a leftover is removed by the next rewrite
+	}
+	return nil
+}
+
+// dropRefLocked undoes refLocked for a holder created by a rewrite that then
+// failed. A caller-supplied holder may hold other files: only a
+// rewrite-made snapshot holder is removed. Preconditions: family lock held.
+func (s *Store) dropRefLocked(family, holder string, ours bool) {
+	if ours {
+		os.Remove(s.refPath(family, holder))
+	}
+}

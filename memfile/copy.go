@@ -1,0 +1,171 @@
+package memfile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// copier copies byte ranges between files with the cheapest call the kernel
+// allows for the pair: copy_file_range (same filesystem: in-kernel, or a
+// reflink), else sendfile (one copy through the page cache, works from ext4
+// to tmpfs where copy_file_range says EXDEV), else pread/pwrite through a
+// large buffer.
+type copier struct {
+	noCFR      map[[2]*os.File]bool
+	noSendfile map[[2]*os.File]bool
+	buf        []byte
+	written    int64
+}
+
+func newCopier() *copier {
+	return &copier{noCFR: map[[2]*os.File]bool{}, noSendfile: map[[2]*os.File]bool{}}
+}
+
+const copyChunk = 1 << 30
+
+// copy copies n bytes from src at soff to dst at doff.
+func (c *copier) copy(dst *os.File, doff int64, src *os.File, soff int64, n int64) error {
+	key := [2]*os.File{dst, src}
+	for n > 0 {
+		if !c.noCFR[key] {
+			so, do := soff, doff
+			m, err := unix.CopyFileRange(int(src.Fd()), &so, int(dst.Fd()), &do, int(min(n, copyChunk)), 0)
+			if err == nil && m > 0 {
+				soff, doff, n = soff+int64(m), doff+int64(m), n-int64(m)
+				c.written += int64(m)
+				continue
+			}
+			if err == nil || fallbackErr(err) {
+				c.noCFR[key] = true
+				continue
+			}
+			return fmt.Errorf("copy_file_range: %w", err)
+		}
+		if !c.noSendfile[key] {
+			m, err := c.sendfile(dst, doff, src, soff, n)
+			soff, doff, n = soff+m, doff+m, n-m
+			c.written += m
+			if err == nil {
+				continue
+			}
+			if m == 0 && fallbackErr(err) {
+				c.noSendfile[key] = true
+				continue
+			}
+			return err
+		}
+		m, err := c.readWrite(dst, doff, src, soff, n)
+		c.written += m
+		return err
+	}
+	return nil
+}
+
+// sendfile writes at dst's file position, so position it first.
+func (c *copier) sendfile(dst *os.File, doff int64, src *os.File, soff int64, n int64) (int64, error) {
+	if _, err := dst.Seek(doff, io.SeekStart); err != nil {
+		return 0, err
+	}
+	var done int64
+	for done < n {
+		so := soff + done
+		m, err := unix.Sendfile(int(dst.Fd()), int(src.Fd()), &so, int(min(n-done, copyChunk)))
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return done, err
+		}
+		if m == 0 {
+			return done, fmt.Errorf("sendfile: short source at %d: %w", soff+done, io.ErrUnexpectedEOF)
+		}
+		done += int64(m)
+	}
+	return done, nil
+}
+
+const bufSize = 8 << 20
+
+func (c *copier) readWrite(dst *os.File, doff int64, src *os.File, soff int64, n int64) (int64, error) {
+	if c.buf == nil {
+		c.buf = make([]byte, bufSize)
+	}
+	var done int64
+	for done < n {
+		b := c.buf[:min(n-done, int64(len(c.buf)))]
+		if _, err := src.ReadAt(b, soff+done); err != nil {
+			return done, fmt.Errorf("read %s at %d: %w", src.Name(), soff+done, err)
+		}
+		if _, err := dst.WriteAt(b, doff+done); err != nil {
+			return done, fmt.Errorf("write %s at %d: %w", dst.Name(), doff+done, err)
+		}
+		done += int64(len(b))
+	}
+	return done, nil
+}
+
+// fallbackErr reports errors that mean "not for this pair of files".
+func fallbackErr(err error) bool {
+	return errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) ||
+		errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EBADF)
+}
+
+// copyData copies the data extents of src's [soff, soff+n) to dst at doff,
+// skipping holes (SEEK_DATA/SEEK_HOLE), so a sparse region stays sparse.
+func (c *copier) copyData(dst *os.File, doff int64, src *os.File, soff, n int64) error {
+	end := soff + n
+	pos := soff
+	for pos < end {
+		data, err := unix.Seek(int(src.Fd()), pos, unix.SEEK_DATA)
+		if err != nil {
+			if errors.Is(err, unix.ENXIO) {
+				return nil // only holes up to EOF
+			}
+			return fmt.Errorf("seek data in %s: %w", src.Name(), err)
+		}
+		if data >= end {
+			return nil
+		}
+		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole in %s: %w", src.Name(), err)
+		}
+		hole = min(hole, end)
+		if err := c.copy(dst, doff+(data-soff), src, data, hole-data); err != nil {
+			return err
+		}
+		pos = hole
+	}
+	return nil
+}
+
+// dataPages counts the pages of f's [off, off+n) that hold data.
+func dataPages(f *os.File, off, n int64) (uint64, error) {
+	end := off + n
+	pos := off
+	var total int64
+	for pos < end {
+		data, err := unix.Seek(int(f.Fd()), pos, unix.SEEK_DATA)
+		if err != nil {
+			if errors.Is(err, unix.ENXIO) {
+				break
+			}
+			return 0, err
+		}
+		if data >= end {
+			break
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, err
+		}
+		hole = min(hole, end)
+		total += hole - data
+		pos = hole
+	}
+	return uint64((total + pageSize - 1) / pageSize), nil
+}

@@ -1,0 +1,238 @@
+package memfile
+
+import (
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"github.com/containerd/errdefs"
+	"github.com/lazyfork/lazyfork/criuimg"
+	"golang.org/x/sys/unix"
+)
+
+// VMA status bits (criu/include/image.h).
+const (
+	vmaAreaRegular  = 1 << 0
+	vmaAreaStack    = 1 << 1
+	vmaAreaVsyscall = 1 << 2
+	vmaAreaVDSO     = 1 << 3
+	vmaFilePrivate  = 1 << 6
+	vmaFileShared   = 1 << 7
+	vmaAnonShared   = 1 << 8
+	vmaAnonPrivate  = 1 << 9
+	vmaAreaSysVIPC  = 1 << 10
+	vmaAreaSocket   = 1 << 11
+	vmaAreaVVAR     = 1 << 12
+	vmaAreaAIORing  = 1 << 13
+	vmaAreaMemfd    = 1 << 14
+	vmaAreaShstk    = 1 << 15
+	vmaExtPlugin    = 1 << 27
+	vmaUnsupp       = 1 << 31
+
+	// VMAs with any of these stay exactly as they are.
+	vmaSpecial = vmaAreaStack | vmaAreaVsyscall | vmaAreaVDSO | vmaAreaVVAR | vmaAreaAIORing |
+		vmaAreaSysVIPC | vmaAreaSocket | vmaAreaMemfd | vmaAreaShstk | vmaExtPlugin | vmaUnsupp
+)
+
+const pageSize = criuimg.PageSize
+
+// srcKind says where the bytes of a run of pages come from.
+type srcKind int
+
+const (
+	srcFile srcKind = iota // f at off (a pages image or an old memory file)
+	srcZero                // zeros
+)
+
+// run is a run of pages at consecutive addresses with consecutive sources.
+type run struct {
+	vaddr uint64
+	n     uint64 // pages
+	kind  srcKind
+	f     *os.File
+	off   int64
+	flags uint32 // pagemap flags to keep, for runs that stay in the image
+}
+
+func (r run) end() uint64 { return r.vaddr + r.n*pageSize }
+
+// slice returns the part of r in [from, to).
+func (r run) slice(from, to uint64) run {
+	from, to = max(from, r.vaddr), min(to, r.end())
+	out := r
+	if to <= from {
+		out.vaddr, out.n = from, 0
+		return out
+	}
+	out.vaddr = from
+	out.n = (to - from) / pageSize
+	if r.kind == srcFile {
+		out.off = r.off + int64(from-r.vaddr)
+	}
+	return out
+}
+
+// appendRun appends r to runs, merging it into the last run when both
+// addresses and sources continue.
+func appendRun(runs []run, r run) []run {
+	if r.n == 0 {
+		return runs
+	}
+	if k := len(runs); k > 0 {
+		l := &runs[k-1]
+		if l.end() == r.vaddr && l.kind == r.kind && l.flags == r.flags &&
+			(r.kind == srcZero || (l.f == r.f && l.off+int64(l.n*pageSize) == r.off)) {
+			l.n += r.n
+			return runs
+		}
+	}
+	return append(runs, r)
+}
+
+type vmaKind int
+
+const (
+	vmaKeep   vmaKind = iota // stays as it is, its pages stay in the image
+	vmaAnon                  // private anonymous with pages: moves into a memory file
+	vmaFamily                // private mapping of a family file: its pages are a delta
+)
+
+// vmaPlan is what happens to one VMA.
+type vmaPlan struct {
+	e       *vma.VmaEntry
+	kind    vmaKind
+	overlay []run // the VMA's pages in the image, clipped to it
+
+	// base of a vmaFamily VMA: the family file it maps and the offset of its start.
+	baseName string
+	base     *os.File
+	baseOff  int64
+
+	convert bool // gets a new region (vmaAnon always, vmaFamily on rebase)
+
+	// Outcome of a conversion: the region it maps and the pages it keeps.
+	region *region
+	regOff int64 // byte offset of the VMA's start in the memory file
+	kept   []run // pages that stay in the image (differences from the shared region)
+}
+
+func (p *vmaPlan) pages() uint64 { return (p.e.GetEnd() - p.e.GetStart()) / pageSize }
+
+// region is a slot of the new memory file that one VMA owns (and that its
+// children's matching VMAs may share).
+type region struct {
+	slot  int
+	off   int64
+	regID uint32 // reg-file id of this region in files.img
+	owner *vmaPlan
+}
+
+// task is one process of the dumped tree.
+type task struct {
+	pid, ppid uint32
+	mm        *criuimg.MMImage
+	pm        *criuimg.Pagemap
+	pages     *criuimg.Pages
+	vmas      []*vmaPlan
+	changed   bool
+}
+
+func convertible(v *vma.VmaEntry) bool {
+	st := v.GetStatus()
+	fl := v.GetFlags()
+	if st&vmaAreaRegular == 0 || st&vmaAnonPrivate == 0 || st&vmaSpecial != 0 {
+		return false
+	}
+	// The stack is recognised by MAP_GROWSDOWN (CRIU refuses a growsdown file
+	// mapping; the status bits do not mark it).
+	if fl&unix.MAP_GROWSDOWN != 0 || fl&unix.MAP_HUGETLB != 0 || fl&unix.MAP_ANONYMOUS == 0 || fl&unix.MAP_PRIVATE == 0 {
+		return false
+	}
+	// MADV_WIPEONFORK is refused (EINVAL) on a file mapping: CRIU would fail
+	// to restore the advice.
+	if v.GetMadv()&(1<<unix.MADV_WIPEONFORK) != 0 {
+		return false
+	}
+	return true
+}
+
+// pageRuns turns a task's pagemap into runs over its pages image. Pages held
+// elsewhere (a parent image, lazy pages) are not supported.
+func pageRuns(pid uint32, pm *criuimg.Pagemap, pages *criuimg.Pages) ([]run, error) {
+	offs, _ := pm.Offsets()
+	var runs []run
+	var last uint64
+	for i, e := range pm.Entries {
+		fl := criuimg.Flags(e)
+		if fl&criuimg.PEPresent == 0 {
+			return nil, fmt.Errorf("pid %d: pagemap entry %#x has pages outside the image (flags %#x; incremental or lazy dumps are not supported): %w",
+				pid, e.GetVaddr(), fl, errdefs.ErrNotImplemented)
+		}
+		if e.GetVaddr()%pageSize != 0 || e.GetVaddr() < last {
+			return nil, fmt.Errorf("pid %d: pagemap entry %#x out of order: %w", pid, e.GetVaddr(), errdefs.ErrDataLoss)
+		}
+		r := run{vaddr: e.GetVaddr(), n: uint64(e.GetNrPages()), kind: srcFile, f: pages.File, off: offs[i], flags: fl}
+		last = r.end()
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+// clip assigns runs to the VMAs they fall in (both sorted by address); pages
+// outside every VMA mean a corrupt image.
+func clip(pid uint32, vmas []*vmaPlan, runs []run) error {
+	j := 0
+	for _, r := range runs {
+		for r.n > 0 {
+			for j < len(vmas) && vmas[j].e.GetEnd() <= r.vaddr {
+				j++
+			}
+			if j == len(vmas) || vmas[j].e.GetStart() > r.vaddr {
+				return fmt.Errorf("pid %d: page %#x outside every VMA: %w", pid, r.vaddr, errdefs.ErrDataLoss)
+			}
+			v := vmas[j]
+			part := r.slice(r.vaddr, v.e.GetEnd())
+			v.overlay = appendRun(v.overlay, part)
+			r = r.slice(part.end(), r.end())
+		}
+	}
+	return nil
+}
+
+// pagemapFrom builds a pagemap image and the runs of its new pages file from
+// the runs that stay in the image.
+func pagemapFrom(old *criuimg.Pagemap, runs []run) (*criuimg.Pagemap, []run) {
+	slices.SortFunc(runs, func(a, b run) int {
+		switch {
+		case a.vaddr < b.vaddr:
+			return -1
+		case a.vaddr > b.vaddr:
+			return 1
+		}
+		return 0
+	})
+	pm := &criuimg.Pagemap{Head: old.Head, PagesID: old.PagesID, HeadMsg: old.HeadMsg}
+	var merged []run
+	for _, r := range runs {
+		merged = appendRun(merged, r)
+	}
+	// One entry per address-contiguous stretch: the sources may differ,
+	// the pages file is written in entry order anyway.
+	var cur *pagemap.PagemapEntry
+	var curEnd uint64
+	for _, r := range merged {
+		if cur != nil && curEnd == r.vaddr && cur.GetFlags() == r.flags && uint64(cur.GetNrPages())+r.n < 1<<31 {
+			cur.NrPages = ptr(cur.GetNrPages() + uint32(r.n))
+		} else {
+			cur = criuimg.NewPresentEntry(r.vaddr, uint32(r.n))
+			cur.Flags = ptr(r.flags)
+			pm.Entries = append(pm.Entries, cur)
+		}
+		curEnd = r.end()
+	}
+	return pm, merged
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,602 @@
+package memfile
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/lazyfork/lazyfork/criuimg"
+	"golang.org/x/sys/unix"
+)
+
+// SlotSize is the distance between two regions of a memory file. Each
+// rewritten VMA owns one slot: its pages at the start, then holes up to the
+// next slot, so an mremap growth of up to SlotSize reads zeros (a hole costs
+// nothing until touched), and no two VMAs ever map adjacent file offsets, so
+// the kernel can never merge a neighbour into a region (FACTS #7).
+const SlotSize int64 = 1 << 40
+
+// DefaultRebaseRatio: a delta larger than this share of the pages it sits on
+// is rebased into fresh files.
+const DefaultRebaseRatio = 0.25
+
+// RewriteOptions tune Rewrite.
+type RewriteOptions struct {
+	Family string
+	// MapDir is the directory recorded in the image for the files, as the
+	// restored task sees it: MountPath for containers, the host family dir
+	// for plain processes.
+	MapDir string
+	// Holder is the reference the new snapshot holds on its files
+	// ("" = "snapshot:"+imageDir, which dies with imageDir/lazyfork.json).
+	Holder string
+	// RebaseRatio: 0 = DefaultRebaseRatio; negative = never rebase.
+	RebaseRatio float64
+}
+
+// Result describes a rewrite.
+type Result struct {
+	Files        []string // family files the snapshot maps (base names)
+	PagesMoved   uint64   // pages moved from the image into a new memory file
+	PagesKept    uint64   // pages left in the image
+	BytesWritten int64    // bytes written into the new memory file
+	Rebased      bool
+	Duration     time.Duration
+}
+
+// Rewrite turns the CRIU dump in imageDir into a LazyFork snapshot: every
+// private anonymous VMA that holds pages becomes a private mapping of a new,
+// immutable file of the family, and its pages leave the image. See the
+// package documentation for the layout and the rules.
+//
+// It is atomic: the new image is built beside imageDir and swapped in with
+// one rename; on any error (or a crash) imageDir is unchanged.
+func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOptions) (res *Result, retErr error) {
+	start := time.Now()
+	if err := checkFamily(opts.Family); err != nil {
+		return nil, err
+	}
+	if !filepath.IsAbs(opts.MapDir) || filepath.Clean(opts.MapDir) != opts.MapDir {
+		return nil, fmt.Errorf("rewrite: MapDir %q must be a clean absolute path: %w", opts.MapDir, errdefs.ErrInvalidArgument)
+	}
+	imageDir, err := filepath.Abs(imageDir)
+	if err != nil {
+		return nil, err
+	}
+	imageDir = filepath.Clean(imageDir)
+	ratio := opts.RebaseRatio
+	if ratio == 0 {
+		ratio = DefaultRebaseRatio
+	}
+	if _, err := os.Stat(filepath.Join(imageDir, SnapshotFile)); err == nil {
+		return nil, fmt.Errorf("rewrite: %s is already a LazyFork snapshot: %w", imageDir, errdefs.ErrAlreadyExists)
+	}
+	famDir, err := s.FamilyDir(opts.Family)
+	if err != nil {
+		return nil, err
+	}
+	removeStaleStaging(imageDir)
+
+	rw := &rewriter{
+		store: s, opts: opts, ratio: ratio, imageDir: imageDir, famDir: famDir,
+		cp: newCopier(), famFiles: map[uint32]string{}, opened: map[string]*os.File{},
+	}
+	defer rw.close()
+	defer func() {
+		if retErr != nil {
+			rw.abort()
+		}
+	}()
+	if err := rw.load(); err != nil {
+		return nil, fmt.Errorf("rewrite %s: %w", imageDir, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := rw.plan(); err != nil {
+		return nil, fmt.Errorf("rewrite %s: %w", imageDir, err)
+	}
+	if err := rw.writeMemory(ctx); err != nil {
+		return nil, fmt.Errorf("rewrite %s: %w", imageDir, err)
+	}
+	if err := rw.stage(ctx); err != nil {
+		return nil, fmt.Errorf("rewrite %s: %w", imageDir, err)
+	}
+	if err := rw.commit(ctx); err != nil {
+		return nil, fmt.Errorf("rewrite %s: %w", imageDir, err)
+	}
+	res = &Result{
+		Files: rw.info.Files, PagesMoved: rw.moved, PagesKept: rw.info.KeptPages,
+		BytesWritten: rw.cp.written - rw.stagedBytes, Rebased: rw.rebase, Duration: time.Since(start),
+	}
+	log.G(ctx).WithField("image", imageDir).WithField("family", opts.Family).
+		WithField("moved", res.PagesMoved).WithField("kept", res.PagesKept).
+		WithField("rebased", res.Rebased).WithField("duration", res.Duration).Debug("memfile: rewritten")
+	return res, nil
+}
+
+type rewriter struct {
+	store    *Store
+	opts     RewriteOptions
+	ratio    float64
+	imageDir string
+	famDir   string
+	cp       *copier
+
+	tasks    []*task
+	files    *criuimg.FilesImage
+	famFiles map[uint32]string   // reg-file id -> family file name, for files under MapDir
+	opened   map[string]*os.File // family files opened for reading
+	mntID    *int32
+
+	rebase  bool
+	regions []*region
+	moved   uint64
+
+	memName string // final name of the new memory file ("" if none)
+	memTmp  string // its path while written
+	mem     *os.File
+
+	staging     string
+	stagedBytes int64 // bytes the copier spent on staged pages images
+	info        SnapshotInfo
+	committed   bool
+}
+
+func (rw *rewriter) close() {
+	for _, t := range rw.tasks {
+		t.pages.Close()
+	}
+	for _, f := range rw.opened {
+		f.Close()
+	}
+	if rw.mem != nil {
+		rw.mem.Close()
+	}
+}
+
+// abort undoes whatever a failed rewrite made; imageDir was never touched.
+func (rw *rewriter) abort() {
+	if rw.memTmp != "" {
+		os.Remove(rw.memTmp)
+	}
+	if rw.staging != "" {
+		os.RemoveAll(rw.staging)
+	}
+}
+
+// load reads the images the rewrite needs and validates them.
+func (rw *rewriter) load() error {
+	if _, err := criuimg.ReadInventory(rw.imageDir); err != nil {
+		return err
+	}
+	tree, err := criuimg.ReadPstree(rw.imageDir)
+	if err != nil {
+		return err
+	}
+	if rw.files, err = criuimg.ReadFiles(rw.imageDir); err != nil {
+		return err
+	}
+	prefix := rw.opts.MapDir + "/"
+	for _, fe := range rw.files.Entries {
+		if fe.GetType() != fdinfo.FdTypes_REG || fe.GetReg() == nil {
+			continue
+		}
+		name, ok := strings.CutPrefix(fe.GetReg().GetName(), prefix)
+		if !ok {
+			continue
+		}
+		if checkFileName(name) != nil {
+			return fmt.Errorf("image maps %s under the family directory, which is not a memory file: %w", fe.GetReg().GetName(), errdefs.ErrFailedPrecondition)
+		}
+		f, err := rw.openFamilyFile(name)
+		if err != nil {
+			return err
+		}
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if fe.GetReg().Size != nil && fe.GetReg().GetSize() != uint64(st.Size()) {
+			return fmt.Errorf("image records %s with size %d, family file has %d: %w", name, fe.GetReg().GetSize(), st.Size(), errdefs.ErrFailedPrecondition)
+		}
+		rw.famFiles[fe.GetId()] = name
+	}
+	if err := rw.findMountID(); err != nil {
+		return err
+	}
+	for _, pe := range tree {
+		pid := pe.GetPid()
+		t := &task{pid: pid, ppid: pe.GetPpid()}
+		rw.tasks = append(rw.tasks, t)
+		if t.mm, err = criuimg.ReadMM(rw.imageDir, pid); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				t.mm = nil // a zombie has no memory
+				continue
+			}
+			return err
+		}
+		if t.pm, err = criuimg.ReadPagemap(rw.imageDir, pid); err != nil {
+			return err
+		}
+		_, total := t.pm.Offsets()
+		if t.pages, err = criuimg.OpenPages(rw.imageDir, t.pm.PagesID, total); err != nil {
+			return err
+		}
+		runs, err := pageRuns(pid, t.pm, t.pages)
+		if err != nil {
+			return err
+		}
+		var last uint64
+		for _, v := range t.mm.MM.GetVmas() {
+			if v.GetStart() < last || v.GetEnd() <= v.GetStart() || v.GetStart()%pageSize != 0 || v.GetEnd()%pageSize != 0 {
+				return fmt.Errorf("pid %d: bad VMA %#x-%#x: %w", pid, v.GetStart(), v.GetEnd(), errdefs.ErrDataLoss)
+			}
+			last = v.GetEnd()
+			p := &vmaPlan{e: v}
+			switch {
+			case convertible(v):
+				p.kind = vmaAnon
+			case v.GetStatus()&vmaFilePrivate != 0 && rw.famFiles[uint32(v.GetShmid())] != "" && v.GetStatus()&vmaSpecial == 0:
+				p.kind = vmaFamily
+				p.baseName = rw.famFiles[uint32(v.GetShmid())]
+				p.base = rw.opened[p.baseName]
+				p.baseOff = int64(v.GetPgoff())
+			}
+			t.vmas = append(t.vmas, p)
+		}
+		if err := clip(pid, t.vmas, runs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (rw *rewriter) openFamilyFile(name string) (*os.File, error) {
+	if f := rw.opened[name]; f != nil {
+		return f, nil
+	}
+	f, err := os.Open(filepath.Join(rw.famDir, name))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("image maps %s, missing from family %s: %w", name, rw.opts.Family, errdefs.ErrFailedPrecondition)
+		}
+		return nil, err
+	}
+	rw.opened[name] = f
+	return f, nil
+}
+
+// findMountID finds the mount that holds MapDir in a dump that has its own
+// mount namespace (a container): CRIU opens a file relative to the root of
+// the mount its mnt_id names. Plain processes have no mountpoints image and
+// their files carry no mnt_id.
+func (rw *rewriter) findMountID() error {
+	ms, _ := filepath.Glob(filepath.Join(rw.imageDir, "mountpoints-*.img"))
+	best := -1
+	for _, p := range ms {
+		img, err := criuimg.ReadImage(p, criuimg.MagicMnts, criuimg.KindOf(p).NewEntry)
+		if err != nil {
+			return err
+		}
+		for _, e := range img.Entries {
+			m := e.(interface {
+				GetMountpoint() string
+				GetMntId() uint32
+			})
+			mp := "/" + strings.TrimLeft(strings.TrimPrefix(m.GetMountpoint(), "."), "/")
+			if mp != "/" && rw.opts.MapDir != mp && !strings.HasPrefix(rw.opts.MapDir, mp+"/") {
+				continue
+			}
+			if len(mp) > best {
+				best = len(mp)
+				rw.mntID = ptr(int32(m.GetMntId()))
+			}
+		}
+	}
+	return nil
+}
+
+// plan decides what happens to every VMA, and whether to rebase.
+func (rw *rewriter) plan() error {
+	var delta, shared uint64
+	seen := map[[3]int64]bool{}
+	for _, t := range rw.tasks {
+		for _, p := range t.vmas {
+			if p.kind != vmaFamily {
+				continue
+			}
+			for _, r := range p.overlay {
+				delta += r.n
+			}
+			k := [3]int64{int64(p.e.GetShmid()), p.baseOff, int64(p.e.GetEnd() - p.e.GetStart())}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			n, err := dataPages(p.base, p.baseOff, int64(p.e.GetEnd()-p.e.GetStart()))
+			if err != nil {
+				return err
+			}
+			shared += n
+		}
+	}
+	rw.rebase = rw.ratio > 0 && delta > 0 && float64(delta) > rw.ratio*float64(shared)
+	for _, t := range rw.tasks {
+		for _, p := range t.vmas {
+			switch p.kind {
+			case vmaAnon:
+				p.convert = len(p.overlay) > 0
+			case vmaFamily:
+				p.convert = rw.rebase
+			}
+			if p.convert {
+				t.changed = true
+			}
+		}
+	}
+	return nil
+}
+
+// writeMemory writes the new memory file: for each task, parents first, each
+// converted VMA either shares its parent's region (keeping only the pages that
+// differ) or gets a region of its own.
+func (rw *rewriter) writeMemory(ctx context.Context) error {
+	need := false
+	for _, t := range rw.tasks {
+		need = need || t.changed
+	}
+	if !need {
+		return nil
+	}
+	rw.memName = fmt.Sprintf("%s-%s%s", time.Now().UTC().Format("20060102T150405"), randHex(6), FileExt)
+	rw.memTmp = filepath.Join(rw.famDir, tmpPrefix+rw.memName)
+	f, err := os.OpenFile(rw.memTmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o400)
+	if err != nil {
+		return err
+	}
+	rw.mem = f
+	// The flock tells GC the file is being written (a dead writer's file is removed).
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	byPID := map[uint32]*task{}
+	for _, t := range rw.tasks {
+		byPID[t.pid] = t
+	}
+	regBase := rw.files.MaxID() + 1
+	for _, t := range rw.tasks {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		parent := byPID[t.ppid]
+		for _, p := range t.vmas {
+			if !p.convert {
+				continue
+			}
+			if parent != nil && parent.mm != nil {
+				if pp := matchParent(parent, p); pp != nil {
+					ok, err := rw.tryShare(p, pp)
+					if err != nil {
+						return err
+					}
+					if ok {
+						continue
+					}
+				}
+			}
+			reg := &region{slot: len(rw.regions), off: int64(len(rw.regions)) * SlotSize, regID: regBase + uint32(len(rw.regions)), owner: p}
+			rw.regions = append(rw.regions, reg)
+			p.region, p.regOff = reg, reg.off
+			if p.kind == vmaFamily {
+				if err := rw.cp.copyData(rw.mem, reg.off, p.base, p.baseOff, int64(p.pages()*pageSize)); err != nil {
+					return err
+				}
+			}
+			for _, r := range p.overlay {
+				if err := rw.cp.copy(rw.mem, reg.off+int64(r.vaddr-p.e.GetStart()), r.f, r.off, int64(r.n*pageSize)); err != nil {
+					return err
+				}
+				rw.moved += r.n
+			}
+		}
+	}
+	size := int64(len(rw.regions)) * SlotSize
+	if err := f.Truncate(size); err != nil {
+		return err
+	}
+	if err := f.Chmod(0o400); err != nil {
+		return err
+	}
+	if tmpfs, _ := IsTmpfs(rw.famDir); !tmpfs {
+		if err := f.Sync(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// matchParent finds the parent's converted VMA that p can share: same end
+// (growth past the end must read zeros), covering p's start, and the same
+// base (both anonymous, or the same family file at the same offsets).
+func matchParent(parent *task, p *vmaPlan) *vmaPlan {
+	for _, pp := range parent.vmas {
+		if pp.e.GetEnd() != p.e.GetEnd() || pp.e.GetStart() > p.e.GetStart() || !pp.convert || pp.region == nil {
+			continue
+		}
+		if pp.kind != p.kind {
+			return nil
+		}
+		if p.kind == vmaFamily && (pp.baseName != p.baseName || pp.baseOff+int64(p.e.GetStart()-pp.e.GetStart()) != p.baseOff) {
+			return nil
+		}
+		return pp
+	}
+	return nil
+}
+
+// tryShare compares p's contents with what it would see by mapping pp's
+// region at the same addresses (pp's region plus pp's kept pages). When few
+// pages differ, p shares the region and keeps those pages in the image.
+func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
+	shift := int64(p.e.GetStart() - pp.e.GetStart())
+	regOff := pp.regOff + shift
+	n := p.pages()
+	// Pages that may differ: p's own pages, pp's kept pages, and the
+	// region's data (where p sees its base instead).
+	check := make([]bool, n)
+	mark := func(runs []run) {
+		for _, r := range runs {
+			r = r.slice(p.e.GetStart(), p.e.GetEnd())
+			if r.n == 0 || r.vaddr < p.e.GetStart() {
+				continue
+			}
+			for i := uint64(0); i < r.n; i++ {
+				check[(r.vaddr-p.e.GetStart())/pageSize+i] = true
+			}
+		}
+	}
+	mark(p.overlay)
+	mark(pp.kept)
+	if err := markData(rw.mem, regOff, n, check); err != nil {
+		return false, err
+	}
+	mine := contentOf(p, nil, 0)
+	theirs := contentOf(pp, rw.mem, pp.regOff)
+	var kept []run
+	var checked, differ uint64
+	a, b := make([]byte, pageSize), make([]byte, pageSize)
+	for i := uint64(0); i < n; i++ {
+		if !check[i] {
+			continue
+		}
+		checked++
+		va := p.e.GetStart() + i*pageSize
+		srcA, err := mine(va, a)
+		if err != nil {
+			return false, err
+		}
+		if _, err := theirs(va, b); err != nil {
+			return false, err
+		}
+		if !bytes.Equal(a, b) {
+			differ++
+			kept = appendRun(kept, srcA)
+		}
+	}
+	if differ > 0 && float64(differ) > rw.ratio*float64(checked) {
+		return false, nil
+	}
+	p.region, p.regOff, p.kept = pp.region, regOff, kept
+	return true, nil
+}
+
+// markData marks the pages of mem's [off, off+n pages) that hold data.
+func markData(mem *os.File, off int64, n uint64, check []bool) error {
+	end := off + int64(n*pageSize)
+	pos := off
+	for pos < end {
+		data, err := unix.Seek(int(mem.Fd()), pos, unix.SEEK_DATA)
+		if err != nil {
+			if errors.Is(err, unix.ENXIO) {
+				return nil
+			}
+			return err
+		}
+		if data >= end {
+			return nil
+		}
+		hole, err := unix.Seek(int(mem.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		hole = min(hole, end)
+		for q := (data - off) / pageSize; q < (hole-off+pageSize-1)/pageSize; q++ {
+			check[q] = true
+		}
+		pos = hole
+	}
+	return nil
+}
+
+// contentOf returns a reader of one page of what a VMA shows at an address,
+// and the source of that page. For a VMA that maps a region (mem != nil):
+// its kept pages over the region. Otherwise: its image pages over its base
+// (zeros, or the family file it maps).
+func contentOf(p *vmaPlan, mem *os.File, regOff int64) func(va uint64, buf []byte) (run, error) {
+	over := p.overlay
+	if mem != nil {
+		over = p.kept
+	}
+	return func(va uint64, buf []byte) (run, error) {
+		i, found := slices.BinarySearchFunc(over, va, func(r run, va uint64) int {
+			switch {
+			case r.end() <= va:
+				return -1
+			case r.vaddr > va:
+				return 1
+			}
+			return 0
+		})
+		var src run
+		switch {
+		case found:
+			src = over[i].slice(va, va+pageSize)
+		case mem != nil:
+			src = run{vaddr: va, n: 1, kind: srcFile, f: mem, off: regOff + int64(va-p.e.GetStart())}
+		case p.kind == vmaFamily:
+			src = run{vaddr: va, n: 1, kind: srcFile, f: p.base, off: p.baseOff + int64(va-p.e.GetStart())}
+		default:
+			src = run{vaddr: va, n: 1, kind: srcZero}
+		}
+		src.flags = criuimg.PEPresent
+		if src.kind == srcZero {
+			clear(buf)
+			return src, nil
+		}
+		m, err := src.f.ReadAt(buf, src.off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return src, err
+		}
+		clear(buf[m:]) // past the end of the file: a hole, zeros
+		return src, nil
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// regFile builds the files.img entry for a region of the new memory file.
+func (rw *rewriter) regFile(id uint32, st os.FileInfo, mode uint32) *fdinfo.FileEntry {
+	zero := ptr(uint32(0))
+	reg := &regfile.RegFileEntry{
+		Id:    ptr(id),
+		Flags: ptr(uint32(unix.O_RDONLY | unix.O_LARGEFILE)),
+		Pos:   ptr(uint64(0)),
+		Fown:  &fown.FownEntry{Uid: zero, Euid: zero, Signum: zero, PidType: zero, Pid: zero},
+		Name:  ptr(rw.opts.MapDir + "/" + rw.memName),
+		Size:  ptr(uint64(st.Size())),
+		Mode:  ptr(mode),
+	}
+	if rw.mntID != nil {
+		reg.MntId = rw.mntID
+	}
+	return &fdinfo.FileEntry{Type: fdinfo.FdTypes_REG.Enum(), Id: ptr(id), Reg: reg}
+}

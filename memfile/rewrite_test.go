@@ -1,0 +1,113 @@
+package memfile_test
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/lazyfork/lazyfork/criuimg"
+	"github.com/lazyfork/lazyfork/memfile"
+	"golang.org/x/sys/unix"
+)
+
+const heapMiB = 64
+
+// TestRewriteRestore: a tree with a known heap is dumped, rewritten and
+// restored twice side by side; every process of every copy passes a full
+// check of its memory, a copy's private memory is tiny, writes stay private,
+// and mremap growth in a copy reads zeros.
+func TestRewriteRestore(t *testing.T) {
+	e := newEnv(t)
+	orig := e.start(heapMiB, 1)
+	dir := e.dump(orig)
+	res := e.rewrite(dir)
+
+	if res.PagesMoved < heapMiB<<8 {
+		t.Errorf("moved %d pages, expected at least the heap's %d", res.PagesMoved, heapMiB<<8)
+	}
+	// The child shares the parent's region and keeps only its 10 different pages.
+	if res.PagesKept > 200 {
+		t.Errorf("kept %d pages in the image, expected a few dozen", res.PagesKept)
+	}
+	info, err := memfile.ReadSnapshot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Family != e.family || len(info.Files) != 1 || info.Parent != "" {
+		t.Fatalf("snapshot info %+v", info)
+	}
+	st, err := os.Stat(filepath.Join(e.famDir, info.Files[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o400 {
+		t.Errorf("memory file mode %v, expected 0400", st.Mode())
+	}
+	// No private anonymous VMA with pages is left, and pages images are small.
+	checkNoAnonPages(t, dir)
+
+	a, b := e.restore(dir), e.restore(dir)
+	for _, c := range []int{a, b} {
+		if anon := rssAnon(t, c); anon > 4<<20 {
+			t.Errorf("copy %d: RssAnon %d kB right after restore", c, anon>>10)
+		} else {
+			t.Logf("copy %d: RssAnon %d kB right after restore (heap %d MiB)", c, anon>>10, heapMiB)
+		}
+		e.verifyTree(c)
+	}
+	// A write in one copy is seen by no other copy, nor the parent.
+	e.ask(a, syscall.SIGHUP, "dirty")
+	e.verifyTree(a)
+	e.verifyTree(b)
+	e.verifyTree(orig)
+
+	// mremap growth reads zeros: R moves past its neighbour, G grows in place.
+	r := e.ask(b, syscall.SIGUSR2, "grow")
+	if r["ok"] != "1" || r["nonzero"] != "0" {
+		t.Fatalf("growth exposed data: %s", r["line"])
+	}
+	if r["inplace_nonzero"] == "-1" {
+		t.Logf("in-place growth not possible in this copy: %s", r["line"])
+	}
+	e.verifyTree(b)
+
+	// The memory file is unchanged by all of this.
+	st2, _ := os.Stat(filepath.Join(e.famDir, info.Files[0]))
+	if st2.Size() != st.Size() || st2.ModTime() != st.ModTime() {
+		t.Errorf("memory file changed under the copies")
+	}
+}
+
+func checkNoAnonPages(t *testing.T, dir string) {
+	t.Helper()
+	tree, err := criuimg.ReadPstree(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tree {
+		mm, err := criuimg.ReadMM(dir, task.GetPid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pm, err := criuimg.ReadPagemap(dir, task.GetPid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var anonPages uint64
+		for _, e := range pm.Entries {
+			for _, v := range mm.MM.GetVmas() {
+				if e.GetVaddr() >= v.GetStart() && e.GetVaddr() < v.GetEnd() &&
+					v.GetFlags()&unix.MAP_ANONYMOUS != 0 && v.GetFlags()&unix.MAP_GROWSDOWN == 0 &&
+					v.GetStatus()&(1<<9) != 0 && v.GetStatus()&(1<<12|1<<3|1<<2) == 0 {
+					anonPages += uint64(e.GetNrPages())
+				}
+			}
+		}
+		if anonPages != 0 {
+			t.Errorf("pid %d: %d pages of private anonymous VMAs left in the image", task.GetPid(), anonPages)
+		}
+		_, total := pm.Offsets()
+		t.Logf("pid %d: %d bytes of pages left in the image", task.GetPid(), total)
+	}
+}

@@ -1,0 +1,473 @@
+package memfile
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// MountPath is where a container sees its family's memory directory (read-only).
+const MountPath = "/.lazyfork/mem"
+
+// FileExt is the extension of memory files.
+const FileExt = ".mem"
+
+// tmpPrefix marks a memory file still being written; its writer holds an flock on it.
+const tmpPrefix = ".tmp-"
+
+// stateDirName holds per-family locks and references, outside the family
+// directories (which containers see).
+const stateDirName = ".state"
+
+var familyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// Store is the family memory store rooted at one directory (normally on a
+// tmpfs, see EnsureTmpfs):
+//
+//	<root>/<family>/<name>.mem              memory files (0400, immutable)
+//	<root>/.state/<family>/lock             flock serialising changes of a family
+//	<root>/.state/<family>/refs/<hash>.json one per holder: what it pins
+//
+// Everything is on disk, so any process can open the store, and references
+// survive restarts of every process. Safe for concurrent use by many
+// processes (flock), and by many goroutines.
+type Store struct {
+	root string
+}
+
+// OpenStore opens (creating) a store at root.
+func OpenStore(root string) (*Store, error) {
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("store root %q is not absolute: %w", root, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(filepath.Join(root, stateDirName), 0o700); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	return &Store{root: filepath.Clean(root)}, nil
+}
+
+// Root returns the store's root directory.
+func (s *Store) Root() string { return s.root }
+
+func checkFamily(family string) error {
+	if !familyRE.MatchString(family) {
+		return fmt.Errorf("bad family name %q: %w", family, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// FamilyDir returns the host directory of a family's memory files, creating it.
+func (s *Store) FamilyDir(family string) (string, error) {
+	if err := checkFamily(family); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(s.root, family)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("family dir: %w", err)
+	}
+	if err := os.MkdirAll(s.refsDir(family), 0o700); err != nil {
+		return "", fmt.Errorf("family state: %w", err)
+	}
+	return dir, nil
+}
+
+func (s *Store) stateDir(family string) string { return filepath.Join(s.root, stateDirName, family) }
+func (s *Store) refsDir(family string) string  { return filepath.Join(s.stateDir(family), "refs") }
+
+// lockFamily takes the family's exclusive lock; call the returned func to release.
+func (s *Store) lockFamily(family string) (func(), error) {
+	if _, err := s.FamilyDir(family); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(s.stateDir(family), "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock family %s: %w", family, err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock family %s: %w", family, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// holderRecord is one holder's reference, as stored on disk.
+type holderRecord struct {
+	Holder string   `json:"holder"`
+	Files  []string `json:"files"`
+	// PIDStart is the start time (clock ticks after boot) of a "pid:" holder's
+	// process, so a recycled PID does not keep files alive.
+	PIDStart uint64    `json:"pid_start,omitempty"`
+	Updated  time.Time `json:"updated"`
+}
+
+func (s *Store) refPath(family, holder string) string {
+	h := sha256.Sum256([]byte(holder))
+	return filepath.Join(s.refsDir(family), hex.EncodeToString(h[:12])+".json")
+}
+
+// Holder kinds with a liveness check; any other holder (e.g.
+// "container:<ns>/<id>") lives until Unref.
+const (
+	HolderSnapshot = "snapshot:" // + image dir: dead once its lazyfork.json is gone
+	HolderPID      = "pid:"      // + host PID: dead once that process is gone
+)
+
+// Ref records that holder pins files (base names in the family directory).
+// Repeated calls by the same holder add to its set. Every file must exist.
+func (s *Store) Ref(family, holder string, files []string) error {
+	if holder == "" {
+		return fmt.Errorf("ref: empty holder: %w", errdefs.ErrInvalidArgument)
+	}
+	unlock, err := s.lockFamily(family)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.refLocked(family, holder, files)
+}
+
+func (s *Store) refLocked(family, holder string, files []string) error {
+	dir := filepath.Join(s.root, family)
+	for _, f := range files {
+		if err := checkFileName(f); err != nil {
+			return err
+		}
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return fmt.Errorf("ref %s: file %s of family %s: %w", holder, f, family, errdefs.ErrNotFound)
+		}
+	}
+	rec := holderRecord{Holder: holder}
+	if old, err := readRecord(s.refPath(family, holder)); err == nil && old.Holder == holder {
+		rec = *old
+	}
+	if pidStr, ok := strings.CutPrefix(holder, HolderPID); ok {
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil || pid <= 0 {
+			return fmt.Errorf("ref: bad pid holder %q: %w", holder, errdefs.ErrInvalidArgument)
+		}
+		start, err := pidStartTime(pid)
+		if err != nil {
+			return fmt.Errorf("ref %s: %w", holder, err)
+		}
+		rec.PIDStart = start
+	}
+	for _, f := range files {
+		if !slices.Contains(rec.Files, f) {
+			rec.Files = append(rec.Files, f)
+		}
+	}
+	slices.Sort(rec.Files)
+	rec.Updated = time.Now().UTC()
+	return writeJSONAtomic(s.refPath(family, holder), &rec, 0o600)
+}
+
+// Unref drops holder's reference and frees the family's files that nothing
+// references any more. Dropping a holder that holds nothing is not an error.
+func (s *Store) Unref(family, holder string) error {
+	unlock, err := s.lockFamily(family)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := os.Remove(s.refPath(family, holder)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("unref %s: %w", holder, err)
+	}
+	_, err = s.gcLocked(context.Background(), family)
+	return err
+}
+
+// Holders returns the live holders of a family and the files each pins.
+func (s *Store) Holders(family string) (map[string][]string, error) {
+	if err := checkFamily(family); err != nil {
+		return nil, err
+	}
+	recs, err := s.records(family)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, r := range recs {
+		if s.alive(family, r) {
+			out[r.Holder] = r.Files
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) records(family string) (map[string]*holderRecord, error) {
+	ents, err := os.ReadDir(s.refsDir(family))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	out := map[string]*holderRecord{}
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		p := filepath.Join(s.refsDir(family), e.Name())
+		r, err := readRecord(p)
+		if err != nil {
+			// A torn record cannot happen (atomic writes); an unreadable one
+			// is kept and pins nothing we can name, so be safe: fail.
+			return nil, fmt.Errorf("reference %s: %w", p, err)
+		}
+		out[p] = r
+	}
+	return out, nil
+}
+
+func readRecord(path string) (*holderRecord, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r holderRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrDataLoss)
+	}
+	return &r, nil
+}
+
+// alive reports whether a holder still holds its files.
+func (s *Store) alive(family string, r *holderRecord) bool {
+	switch {
+	case strings.HasPrefix(r.Holder, HolderSnapshot):
+		info, err := ReadSnapshot(strings.TrimPrefix(r.Holder, HolderSnapshot))
+		return err == nil && info.Family == family
+	case strings.HasPrefix(r.Holder, HolderPID):
+		pid, err := strconv.Atoi(strings.TrimPrefix(r.Holder, HolderPID))
+		if err != nil {
+			return false
+		}
+		start, err := pidStartTime(pid)
+		return err == nil && start == r.PIDStart
+	}
+	return true
+}
+
+// pidStartTime reads field 22 of /proc/PID/stat.
+func pidStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("process %d: %w", pid, errdefs.ErrNotFound)
+	}
+	// comm may hold spaces and parentheses: fields start after the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("process %d: bad stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("process %d: bad stat", pid)
+	}
+	// f[0] is field 3 (state); field 22 is f[19].
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, fmt.Errorf("process %d is a zombie: %w", pid, errdefs.ErrNotFound)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+func checkFileName(f string) error {
+	if f == "" || strings.ContainsRune(f, '/') || strings.HasPrefix(f, ".") || !strings.HasSuffix(f, FileExt) {
+		return fmt.Errorf("bad memory file name %q: %w", f, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// GC frees, in every family, the memory files that no live holder references
+// and no process maps, drops dead holders, and removes memory files left
+// half-written by a writer that died. It may be called at any time.
+func (s *Store) GC(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(s.root)
+	if err != nil {
+		return nil, err
+	}
+	var freed []string
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() || checkFamily(e.Name()) != nil {
+			continue
+		}
+		unlock, err := s.lockFamily(e.Name())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		f, err := s.gcLocked(ctx, e.Name())
+		unlock()
+		freed = append(freed, f...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return freed, errors.Join(errs...)
+}
+
+// gcLocked collects one family. Preconditions: the family lock is held.
+func (s *Store) gcLocked(ctx context.Context, family string) ([]string, error) {
+	recs, err := s.records(family)
+	if err != nil {
+		return nil, err
+	}
+	pinned := map[string]bool{}
+	for path, r := range recs {
+		if !s.alive(family, r) {
+			log.G(ctx).WithField("family", family).WithField("holder", r.Holder).Debug("memfile: dropping dead holder")
+			os.Remove(path)
+			continue
+		}
+		for _, f := range r.Files {
+			pinned[f] = true
+		}
+	}
+	dir := filepath.Join(s.root, family)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	candidates := map[fileKey]string{}
+	for _, e := range ents {
+		name := e.Name()
+		path := filepath.Join(dir, name)
+		if strings.HasPrefix(name, tmpPrefix) {
+			removeIfAbandoned(path)
+			continue
+		}
+		if !strings.HasSuffix(name, FileExt) || pinned[name] {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil {
+			continue
+		}
+		candidates[fileKey{dev: st.Dev, ino: st.Ino}] = name
+	}
+	if len(candidates) == 0 {
+		return nil, nil
+	}
+	// A process that maps a file pins it even without a reference (a copy
+	// restored by someone who forgot to Ref): removing the file would make
+	// that copy undumpable (FACTS #3).
+	for k := range mappedFiles(candidates) {
+		delete(candidates, k)
+	}
+	var freed []string
+	for _, name := range candidates {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return freed, err
+		}
+		log.G(ctx).WithField("family", family).WithField("file", name).Debug("memfile: freed")
+		freed = append(freed, name)
+	}
+	slices.Sort(freed)
+	return freed, nil
+}
+
+// removeIfAbandoned removes a half-written file whose writer is gone (its
+// flock is free).
+func removeIfAbandoned(path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+		os.Remove(path)
+	}
+}
+
+type fileKey struct {
+	dev uint64
+	ino uint64
+}
+
+// mappedFiles returns the candidates that some process maps, by scanning
+// /proc/*/maps for their device and inode (paths differ between mount
+// namespaces; device and inode do not).
+func mappedFiles(cands map[fileKey]string) map[fileKey]bool {
+	out := map[fileKey]bool{}
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if p.Name()[0] < '0' || p.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + p.Name() + "/maps")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			// addr perms offset dev inode path
+			f := strings.Fields(line)
+			if len(f) < 6 || f[4] == "0" {
+				continue
+			}
+			maj, min, ok := strings.Cut(f[3], ":")
+			if !ok {
+				continue
+			}
+			ma, err1 := strconv.ParseUint(maj, 16, 32)
+			mi, err2 := strconv.ParseUint(min, 16, 32)
+			ino, err3 := strconv.ParseUint(f[4], 10, 64)
+			if err1 != nil || err2 != nil || err3 != nil {
+				continue
+			}
+			k := fileKey{dev: unix.Mkdev(uint32(ma), uint32(mi)), ino: ino}
+			if _, ok := cands[k]; ok {
+				out[k] = true
+			}
+		}
+	}
+	return out
+}
+
+// writeJSONAtomic writes v as JSON to path through a temporary file and a rename.
+func writeJSONAtomic(path string, v any, mode os.FileMode) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
