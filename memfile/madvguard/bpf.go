@@ -52,7 +52,46 @@ const (
 const (
 	retAllow = unix.SECCOMP_RET_ALLOW
 	retBlock = unix.SECCOMP_RET_ERRNO | uint32(unix.EINVAL)
+	retTrace = unix.SECCOMP_RET_TRACE | traceData
 )
+
+// traceData tags the guard's SECCOMP_RET_TRACE stops (PTRACE_GETEVENTMSG).
+const traceData = 0x4c46
+
+// Mode is what the guard does with a purging madvise on a guarded range.
+type Mode int
+
+const (
+	// Refuse fails the call with EINVAL: the allocator keeps the memory and
+	// clears it itself (jemalloc memsets; glibc and mimalloc ignore it).
+	Refuse Mode = iota
+	// Zero stops the call for a Supervisor (SECCOMP_RET_TRACE), which turns
+	// it into a fresh anonymous mapping of the range: true zero semantics,
+	// memory given back. With no supervisor attached the call fails with
+	// ENOSYS, which allocators treat like Refuse.
+	Zero
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Refuse:
+		return "refuse"
+	case Zero:
+		return "zero"
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// ParseMode parses "refuse" or "zero".
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "refuse", "":
+		return Refuse, nil
+	case "zero":
+		return Zero, nil
+	}
+	return 0, fmt.Errorf("madvguard: unknown mode %q (want refuse or zero)", s)
+}
 
 // Compact sorts the ranges, drops empty ones, merges overlapping, touching
 // and nearby (gap < MergeGap) ones, then closes the smallest gaps until at
@@ -171,9 +210,17 @@ const (
 	block  = 12 // instructions per range block
 )
 
-// Program builds the guard for one process's ranges (already compacted, or
-// compacted here). An empty list gives a filter that allows everything.
-func Program(ranges []Range) ([]unix.SockFilter, error) {
+// Program builds the guard for one process's ranges (compacted here). An
+// empty list gives a filter that allows everything.
+func Program(ranges []Range, mode Mode) ([]unix.SockFilter, error) {
+	ret := uint32(retBlock)
+	switch mode {
+	case Refuse:
+	case Zero:
+		ret = retTrace
+	default:
+		return nil, fmt.Errorf("madvguard: bad mode %d", mode)
+	}
 	rs := Compact(ranges)
 	a := &asm{labels: map[string]int{}}
 	a.op(ldImm, magic)
@@ -240,7 +287,7 @@ func Program(ranges []Range) ([]unix.SockFilter, error) {
 		a.op(ldMem, mAddrLo)
 		a.jmp(jgeK, eLo, next, blk)
 		a.label(blk)
-		a.op(retK, retBlock)
+		a.op(retK, ret)
 	}
 	a.label(fmt.Sprintf("r%d", len(rs)))
 	a.op(retK, retAllow)
@@ -275,15 +322,16 @@ func isGuard(b []byte) bool {
 	return len(b) >= 8 && binary.LittleEndian.Uint16(b) == ldImm && binary.LittleEndian.Uint32(b[4:]) == magic
 }
 
-// guardRanges reads the ranges back out of one of our filters.
-func guardRanges(b []byte) ([]Range, error) {
+// guardRanges reads the ranges and the mode back out of one of our filters.
+func guardRanges(b []byte) ([]Range, Mode, error) {
 	prog, err := decode(b)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(prog) < header+1 || (len(prog)-header-1)%block != 0 {
-		return nil, fmt.Errorf("guard filter of %d instructions has an unknown layout", len(prog))
+		return nil, 0, fmt.Errorf("guard filter of %d instructions has an unknown layout", len(prog))
 	}
+	mode := Refuse
 	var rs []Range
 	for i := header; i+block <= len(prog); i += block {
 		p := prog[i:]
@@ -291,6 +339,9 @@ func guardRanges(b []byte) ([]Range, error) {
 			Start: uint64(p[1].K)<<32 | uint64(p[4].K),
 			End:   uint64(p[7].K)<<32 | uint64(p[10].K),
 		})
+		if p[11].K == retTrace {
+			mode = Zero
+		}
 	}
-	return rs, nil
+	return rs, mode, nil
 }

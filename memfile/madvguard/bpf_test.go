@@ -26,6 +26,7 @@ type call struct {
 
 type childReq struct {
 	Ranges []Range
+	Mode   Mode
 	Calls  []call
 }
 
@@ -59,7 +60,7 @@ func child() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	if err := Install(req.Ranges); err != nil {
+	if err := Install(req.Ranges, req.Mode); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
@@ -105,6 +106,13 @@ func intersects(rs []Range, addr, n uint64) bool {
 }
 
 func TestFilterInKernel(t *testing.T) {
+	// Zero mode with no tracer attached: the kernel fails the call with ENOSYS.
+	for mode, blocked := range map[Mode]string{Refuse: unix.EINVAL.Error(), Zero: unix.ENOSYS.Error()} {
+		t.Run(mode.String(), func(t *testing.T) { testFilterInKernel(t, mode, blocked) })
+	}
+}
+
+func testFilterInKernel(t *testing.T, mode Mode, einval string) {
 	const p = 4096
 	b := mappings[0].Start
 	c := mappings[1].Start
@@ -118,7 +126,6 @@ func TestFilterInKernel(t *testing.T) {
 		call
 		want string
 	}
-	einval := unix.EINVAL.Error()
 	cases := []tc{
 		{"before", call{b, p, unix.MADV_DONTNEED}, "ok"},
 		{"ends at start", call{b + 2<<20 - p, p, unix.MADV_DONTNEED}, "ok"},
@@ -140,7 +147,7 @@ func TestFilterInKernel(t *testing.T) {
 		{"carry: above", call{0x300080000, 0x80000, unix.MADV_DONTNEED}, "ok"},
 		{"carry: high half inside", call{0x300000000, p, unix.MADV_DONTNEED}, einval},
 	}
-	req := childReq{Ranges: guarded}
+	req := childReq{Ranges: guarded, Mode: mode}
 	for _, c := range cases {
 		req.Calls = append(req.Calls, c.call)
 	}
@@ -202,23 +209,26 @@ func TestCompact(t *testing.T) {
 
 func TestProgramRoundTrip(t *testing.T) {
 	rs := []Range{{0x1000, 0x3000}, {0x7f0000000000, 0x7f0000400000}}
-	prog, err := Program(rs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := encode(prog)
-	if !isGuard(b) {
-		t.Fatal("our program is not recognised as a guard")
-	}
-	got, err := guardRanges(b)
-	if err != nil || !reflect.DeepEqual(got, rs) {
-		t.Fatalf("guardRanges = %v, %v; want %v", got, err, rs)
+	var b []byte
+	for _, mode := range []Mode{Refuse, Zero} {
+		prog, err := Program(rs, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = encode(prog)
+		if !isGuard(b) {
+			t.Fatal("our program is not recognised as a guard")
+		}
+		got, gotMode, err := guardRanges(b)
+		if err != nil || !reflect.DeepEqual(got, rs) || gotMode != mode {
+			t.Fatalf("guardRanges = %v, %v, %v; want %v, %v", got, gotMode, err, rs, mode)
+		}
 	}
 	many := make([]Range, 0, 500)
 	for i := range uint64(500) {
 		many = append(many, Range{i << 30, i<<30 + 4096})
 	}
-	if _, err := Program(many); err != nil {
+	if _, err := Program(many, Refuse); err != nil {
 		t.Fatalf("Program of %d ranges: %v", len(many), err)
 	}
 	if _, err := decode(b[:len(b)-3]); err == nil {

@@ -241,6 +241,7 @@ type Thread struct {
 	Guards   int     // how many of them are madvise guards
 	TSync    bool    // its filters are installed with SECCOMP_FILTER_FLAG_TSYNC
 	Ranges   []Range // ranges of its guard(s)
+	Mode     Mode    // mode of its (last) guard
 }
 
 // Inspect lists every live thread's seccomp state in an image. Threads
@@ -262,10 +263,11 @@ func Inspect(imageDir string) ([]Thread, error) {
 				t.TSync = t.TSync || f.flags&unix.SECCOMP_FILTER_FLAG_TSYNC != 0
 				if isGuard(f.data) {
 					t.Guards++
-					rs, err := guardRanges(f.data)
+					rs, mode, err := guardRanges(f.data)
 					if err != nil {
 						return nil, err
 					}
+					t.Mode = mode
 					t.Ranges = append(t.Ranges, rs...)
 				}
 			}
@@ -289,13 +291,18 @@ func Installed(imageDir string) (bool, error) {
 	return false, nil
 }
 
-// Apply makes the image's guard for each process match ranges (keyed by the
+// Apply is ApplyMode with Refuse.
+func Apply(imageDir string, ranges map[int][]Range) error {
+	return ApplyMode(imageDir, ranges, Refuse)
+}
+
+// ApplyMode makes the image's guard for each process match ranges (keyed by the
 // pid the image records, as in pstree.img): a process listed with ranges gets
 // exactly one guard on top of its own filters, on every thread; a process
 // not listed, or listed with none, loses any guard a previous generation
 // left. ranges must name every rewritten range of the process that holds
 // data (of this and earlier generations), not only new ones.
-func Apply(imageDir string, ranges map[int][]Range) error {
+func ApplyMode(imageDir string, ranges map[int][]Range, mode Mode) error {
 	st, err := load(imageDir)
 	if err != nil {
 		return err
@@ -329,7 +336,7 @@ func Apply(imageDir string, ranges map[int][]Range) error {
 	for _, p := range st.procs {
 		var guard []byte
 		if rs := Compact(ranges[p.pid]); len(rs) > 0 {
-			prog, err := Program(rs)
+			prog, err := Program(rs, mode)
 			if err != nil {
 				return fmt.Errorf("madvguard: pid %d: %w", p.pid, err)
 			}

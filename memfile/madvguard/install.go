@@ -11,8 +11,8 @@ import (
 // thread (TSYNC). It needs CAP_SYS_ADMIN or no_new_privs; callers set the
 // latter with unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0). Tests and
 // benchmarks use it to measure the filter without a restore.
-func Install(ranges []Range) error {
-	prog, err := Program(ranges)
+func Install(ranges []Range, mode Mode) error {
+	prog, err := Program(ranges, mode)
 	if err != nil {
 		return err
 	}
