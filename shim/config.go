@@ -1,0 +1,93 @@
+package shim
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+)
+
+// RuntimeName is the containerd runtime type served by this shim.
+const RuntimeName = "io.containerd.lazyfork.v1"
+
+// Annotations and labels LazyFork reads or writes on containers.
+const (
+	// AnnotationFamily in a container's spec names the family it joins. A root
+	// container without it starts a family named after its id.
+	AnnotationFamily = "lazyfork.io/family"
+	// AnnotationRuncGroup is runc's shim grouping annotation; the manager sets it
+	// to the family so one shim process serves a whole family.
+	AnnotationRuncGroup = "io.containerd.runc.v2.group"
+	// AnnotationCRISandbox groups the containers of a CRI pod; it wins over the family.
+	AnnotationCRISandbox = "io.kubernetes.cri.sandbox-id"
+)
+
+// DefaultRoot is where LazyFork mounts its tmpfs.
+const DefaultRoot = "/run/lazyfork"
+
+// Config is the shim's configuration, read from the environment containerd gives it.
+type Config struct {
+	// Root is LazyFork's tmpfs; the family memory store is Root/mem.
+	Root string
+	// TmpfsSize is the size of the tmpfs LazyFork mounts at Root, in bytes.
+	TmpfsSize int64
+	// Overcommit is the value of vm.overcommit_memory containers see, or "" to
+	// leave the host's value visible.
+	Overcommit string
+}
+
+// MemRoot is the root of the family memory store.
+func (c Config) MemRoot() string { return filepath.Join(c.Root, "mem") }
+
+// ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE and LAZYFORK_OVERCOMMIT.
+func ConfigFromEnv() (Config, error) {
+	c := Config{Root: DefaultRoot, Overcommit: "2"}
+	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
+		if !filepath.IsAbs(v) {
+			return c, fmt.Errorf("LAZYFORK_ROOT %q must be absolute: %w", v, errdefs.ErrInvalidArgument)
+		}
+		c.Root = filepath.Clean(v)
+	}
+	if v := os.Getenv("LAZYFORK_TMPFS_SIZE"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return c, fmt.Errorf("LAZYFORK_TMPFS_SIZE %q is not a positive byte count: %w", v, errdefs.ErrInvalidArgument)
+		}
+		c.TmpfsSize = n
+	} else {
+		c.TmpfsSize = halfOfRAM()
+	}
+	switch v := os.Getenv("LAZYFORK_OVERCOMMIT"); v {
+	case "":
+	case "off", "none":
+		c.Overcommit = ""
+	case "0", "1", "2":
+		c.Overcommit = v
+	default:
+		return c, fmt.Errorf("LAZYFORK_OVERCOMMIT %q: want 0, 1, 2 or off: %w", v, errdefs.ErrInvalidArgument)
+	}
+	return c, nil
+}
+
+// halfOfRAM is the default tmpfs size, tmpfs's own default.
+func halfOfRAM() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 1 << 30
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && f[0] == "MemTotal:" {
+			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				return kb * 1024 / 2
+			}
+		}
+	}
+	return 1 << 30
+}

@@ -1,0 +1,41 @@
+// Package shim is LazyFork's containerd runtime shim, io.containerd.lazyfork.v1.
+//
+// # Shape
+//
+// The shim is containerd's runc shim with a thin layer on top: the task service
+// wraps the runc task service (create, start, exec, kill, pause, resume, metrics,
+// delete, OOM events, stdio and TTY are runc's own code), and the manager wraps
+// runc's manager (bootstrap, sockets, `delete`). What LazyFork adds:
+//
+//   - Every container belongs to a family (a root container and all its forks).
+//     On Create the family's memory directory is bind-mounted read-only at
+//     /.lazyfork/mem (memfile.MountPath) into the bundle's config.json, so the
+//     mount is part of every dump and every restore and is external to CRIU.
+//   - vm.overcommit_memory reads 2 inside the container: a createContainer hook
+//     (this binary, see RunHook) bind-mounts a file that lives inside the family
+//     memory directory over /proc/sys/vm/overcommit_memory, so CRIU sees it as a
+//     bind of the external mount and it survives checkpoint and restore.
+//   - Checkpoint (leave-running unless runc options say otherwise) runs runc's
+//     checkpoint, then rewrites the image with memfile so its private anonymous
+//     memory lives in the family's files; the image path is then a small
+//     LazyFork snapshot.
+//   - Create with a LazyFork snapshot as checkpoint takes a reference on the
+//     snapshot's memory files for the container (dropped on delete) and lets
+//     runc restore it at Start, mapping the files MAP_PRIVATE.
+//   - One shim process serves a whole family: the manager groups containers by
+//     the lazyfork.io/family annotation the way runc groups a pod.
+//
+// # Configuration
+//
+// The shim is started by containerd and inherits its environment:
+//
+//	LAZYFORK_ROOT        tmpfs root (default /run/lazyfork); memory files in ROOT/mem
+//	LAZYFORK_TMPFS_SIZE  size of that tmpfs in bytes when LazyFork mounts it (default: half of RAM)
+//	LAZYFORK_OVERCOMMIT  "2" (default), "0", "1", or "off" to leave the host's value visible
+//
+// # Per-container state
+//
+// Anything the `delete` subcommand or a later shim needs (family, reference
+// holder, whether the task is a fork) is written atomically to lazyfork.json in
+// the bundle.
+package shim

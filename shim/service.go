@@ -1,0 +1,456 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
+	cgroupsv2 "github.com/containerd/cgroups/v3/cgroup2"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oom"
+	oomv1 "github.com/containerd/containerd/v2/pkg/oom/v1"
+	oomv2 "github.com/containerd/containerd/v2/pkg/oom/v2"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+
+	"github.com/lazyfork/lazyfork/memfile"
+)
+
+// Service is LazyFork's task service: runc's, with checkpoint rewritten into
+// memory files and restore from LazyFork snapshots.
+type Service struct {
+	// TTRPCTaskService is runc's task service; every RPC not overridden here is
+	// runc's own.
+	taskAPI.TTRPCTaskService
+
+	ctx       context.Context
+	cfg       Config
+	publisher shim.Publisher
+	self      string // this binary, the OCI hook
+
+	storeMu sync.Mutex
+	store   *memfile.Store // opened on first use, guarded by storeMu
+
+	mu         sync.Mutex
+	containers map[string]*container // by container id, guarded by mu
+	oomWatcher oom.Watcher           // for restored tasks, guarded by mu
+}
+
+// container is LazyFork's view of one task served by this shim.
+type container struct {
+	state  containerState
+	bundle string
+	// cg is the cgroup of a restored task, loaded after Start (runc's shim
+	// only loads it for tasks it creates); nil otherwise.
+	cg any
+}
+
+var (
+	_ taskAPI.TTRPCTaskService = (*Service)(nil)
+	_ shim.TTRPCService        = (*Service)(nil)
+)
+
+// NewService wraps runc's task service.
+func NewService(ctx context.Context, runc taskAPI.TTRPCTaskService, publisher shim.Publisher) (*Service, error) {
+	cfg, err := ConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("locate shim binary for the OCI hook: %w", err)
+	}
+	return &Service{
+		TTRPCTaskService: runc,
+		ctx:              ctx,
+		cfg:              cfg,
+		publisher:        publisher,
+		self:             self,
+		containers:       map[string]*container{},
+	}, nil
+}
+
+// RegisterTTRPC serves this service (not runc's) as the task API.
+func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, s)
+	return nil
+}
+
+// Store opens the family memory store, mounting LazyFork's tmpfs first if needed.
+func (s *Service) Store() (*memfile.Store, error) {
+	s.storeMu.Lock()
+	defer s.storeMu.Unlock()
+	if s.store != nil {
+		return s.store, nil
+	}
+	st, err := openStore(s.cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.store = st
+	return st, nil
+}
+
+func openStore(cfg Config) (*memfile.Store, error) {
+	if err := memfile.EnsureTmpfs(cfg.Root, cfg.TmpfsSize); err != nil {
+		return nil, fmt.Errorf("lazyfork tmpfs at %s: %w", cfg.Root, err)
+	}
+	st, err := memfile.OpenStore(cfg.MemRoot())
+	if err != nil {
+		return nil, fmt.Errorf("open memory store %s: %w", cfg.MemRoot(), err)
+	}
+	return st, nil
+}
+
+// Create prepares the bundle for LazyFork (memory-directory mount, overcommit
+// hook, family reference) and then lets runc's shim create the task. A create
+// from a LazyFork snapshot is only recorded; runc restores it at Start.
+func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+	c, err := s.prepare(ctx, r)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	defer func() {
+		if retErr != nil {
+			if err := s.release(ctx, c); err != nil {
+				log.G(ctx).WithError(err).Warn("lazyfork: release after failed create")
+			}
+		}
+	}()
+	resp, err := s.TTRPCTaskService.Create(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.containers[r.ID] = c
+	s.mu.Unlock()
+	return resp, nil
+}
+
+func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *container, retErr error) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if r.Options, err = createOptions(r.Options); err != nil {
+		return nil, err
+	}
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	var snap *memfile.SnapshotInfo
+	if r.Checkpoint != "" {
+		snap, err = memfile.ReadSnapshot(r.Checkpoint)
+		switch {
+		case errdefs.IsNotFound(err):
+			snap = nil // a plain CRIU image: runc restores it as runc would
+		case err != nil:
+			return nil, fmt.Errorf("read LazyFork snapshot %s: %w", r.Checkpoint, err)
+		}
+	}
+	family := r.ID
+	if f := spec.Annotations[AnnotationFamily]; f != "" {
+		family = f
+	}
+	if snap != nil {
+		if snap.Family == "" {
+			return nil, fmt.Errorf("snapshot %s names no family: %w", r.Checkpoint, errdefs.ErrInvalidArgument)
+		}
+		if family != r.ID && family != snap.Family {
+			log.G(ctx).Warnf("lazyfork: annotation family %q overridden by snapshot family %q", family, snap.Family)
+		}
+		family = snap.Family
+	}
+	store, err := s.Store()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := store.FamilyDir(family)
+	if err != nil {
+		return nil, fmt.Errorf("family %q: %w", family, err)
+	}
+	if snap != nil {
+		for _, f := range snap.Files {
+			if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+				return nil, fmt.Errorf("snapshot %s: memory file %s of family %s: %w", r.Checkpoint, f, family, errdefs.ErrNotFound)
+			}
+		}
+	}
+	withMemMount(spec, dir)
+	if s.cfg.Overcommit != "" {
+		if err := ensureOvercommitFile(dir, s.cfg.Overcommit); err != nil {
+			return nil, fmt.Errorf("overcommit file: %w", err)
+		}
+		withOvercommitHook(spec, s.self, s.cfg.Overcommit)
+	}
+	if err := writeSpec(r.Bundle, spec); err != nil {
+		return nil, err
+	}
+	c := &container{
+		bundle: r.Bundle,
+		state: containerState{
+			Namespace: ns,
+			ID:        r.ID,
+			Family:    family,
+		},
+	}
+	if spec.Linux != nil {
+		c.state.CgroupsPath = spec.Linux.CgroupsPath
+	}
+	if snap != nil {
+		c.state.Snapshot = r.Checkpoint
+		c.state.Holder = containerHolder(ns, r.ID)
+		if err := store.Ref(family, c.state.Holder, snap.Files); err != nil {
+			return nil, fmt.Errorf("reference memory files of %s: %w", r.Checkpoint, err)
+		}
+	}
+	if err := writeState(r.Bundle, &c.state); err != nil {
+		if c.state.Holder != "" {
+			_ = store.Unref(family, c.state.Holder)
+		}
+		return nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{"id": r.ID, "family": family, "snapshot": c.state.Snapshot}).Debug("lazyfork: container prepared")
+	return c, nil
+}
+
+// release drops what prepare took: the memory-file reference and any cgroup a
+// failed restore left.
+func (s *Service) release(ctx context.Context, c *container) error {
+	return releaseContainer(ctx, s.cfg, &c.state)
+}
+
+func releaseContainer(ctx context.Context, cfg Config, st *containerState) error {
+	if st.Snapshot != "" {
+		removeCgroup(ctx, st.CgroupsPath)
+	}
+	if st.Holder == "" {
+		return nil
+	}
+	store, err := memfile.OpenStore(cfg.MemRoot())
+	if err != nil {
+		return err
+	}
+	if err := store.Unref(st.Family, st.Holder); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("unref %s in family %s: %w", st.Holder, st.Family, err)
+	}
+	st.Holder = ""
+	return nil
+}
+
+func (s *Service) get(id string) *container {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.containers[id]
+}
+
+// Start starts a task; for a task created from a LazyFork snapshot that is the
+// CRIU restore. runc's shim neither loads a restored task's cgroup nor watches
+// it for OOM; LazyFork does both.
+func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	resp, err := s.TTRPCTaskService.Start(ctx, r)
+	c := s.get(r.ID)
+	if r.ExecID != "" || c == nil || c.state.Snapshot == "" {
+		return resp, err
+	}
+	if err != nil {
+		return nil, restoreError(err, c.bundle)
+	}
+	cg, cerr := loadCgroup(int(resp.Pid))
+	if cerr != nil {
+		log.G(ctx).WithError(cerr).Warn("lazyfork: load cgroup of restored task")
+		return resp, nil
+	}
+	s.mu.Lock()
+	c.cg = cg
+	s.mu.Unlock()
+	s.watchOOM(ctx, r.ID, cg)
+	return resp, nil
+}
+
+// restoreError adds the end of CRIU's restore log to a failed restore: runc
+// only says "criu failed: type RESTORE errno 0", and the log goes with the bundle.
+func restoreError(err error, bundle string) error {
+	b, rerr := os.ReadFile(filepath.Join(bundle, "work", "restore.log"))
+	if rerr != nil {
+		return err
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) > 3 {
+		errs = errs[len(errs)-3:]
+	}
+	if len(errs) == 0 {
+		return err
+	}
+	st := errgrpc.ToNative(err)
+	return errgrpc.ToGRPC(fmt.Errorf("%w; criu: %s", st, strings.Join(errs, " | ")))
+}
+
+func (s *Service) watchOOM(ctx context.Context, id string, cg any) {
+	s.mu.Lock()
+	if s.oomWatcher == nil {
+		var (
+			w   oom.Watcher
+			err error
+		)
+		if cgroups.Mode() == cgroups.Unified {
+			w, err = oomv2.New(s.publisher)
+		} else {
+			w, err = oomv1.New(s.publisher)
+		}
+		if err != nil {
+			s.mu.Unlock()
+			log.G(ctx).WithError(err).Warn("lazyfork: OOM watcher")
+			return
+		}
+		s.oomWatcher = w
+		go w.Run(s.ctx)
+	}
+	w := s.oomWatcher
+	s.mu.Unlock()
+	if err := w.Add(id, cg); err != nil {
+		log.G(ctx).WithError(err).Warn("lazyfork: watch restored task for OOM")
+	}
+}
+
+// Checkpoint dumps the task with runc (leave-running unless runc's options say
+// exit), then rewrites the image so its private anonymous memory lives in the
+// family's memory files. The rewrite is atomic: on error the image directory
+// holds runc's plain image, untouched, and the error says so.
+func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	if r.Path == "" {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrInvalidArgument, "checkpoint of %s: no image path", r.ID)
+	}
+	opts, keep, err := checkpointOptions(r.Options)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	if !keep {
+		// runc's shim only understands its own options; none means leave-running.
+		a, err := typeurl.MarshalAnyToProto(opts)
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		r.Options = a
+	}
+	st, err := s.stateOf(ctx, r.ID)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
+		return nil, err
+	}
+	store, err := s.Store()
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	res, err := store.Rewrite(ctx, r.Path, memfile.RewriteOptions{
+		Family: st.Family,
+		MapDir: memfile.MountPath,
+	})
+	if err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("lazyfork: rewrite checkpoint %s of %s into family %s (the directory keeps runc's plain image): %w", r.Path, r.ID, st.Family, err))
+	}
+	log.G(ctx).WithFields(log.Fields{
+		"id": r.ID, "family": st.Family, "files": len(res.Files),
+		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
+		"duration": res.Duration,
+	}).Info("lazyfork: checkpoint rewritten")
+	return &ptypes.Empty{}, nil
+}
+
+// stateOf returns LazyFork's state of a container this shim serves.
+func (s *Service) stateOf(ctx context.Context, id string) (*containerState, error) {
+	if c := s.get(id); c != nil {
+		st := c.state
+		return &st, nil
+	}
+	resp, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: id})
+	if err != nil {
+		return nil, errgrpc.ToNative(err)
+	}
+	st, err := readState(resp.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, fmt.Errorf("container %s has no LazyFork state: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return st, nil
+}
+
+// Delete deletes a task (or exec) with runc's shim; a deleted task's reference
+// on its memory files is dropped.
+func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	resp, err := s.TTRPCTaskService.Delete(ctx, r)
+	if err != nil || r.ExecID != "" {
+		return resp, err
+	}
+	s.mu.Lock()
+	c := s.containers[r.ID]
+	delete(s.containers, r.ID)
+	s.mu.Unlock()
+	if c == nil {
+		return resp, nil
+	}
+	if err := s.release(ctx, c); err != nil {
+		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: release deleted container")
+	} else if err := writeState(c.bundle, &c.state); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.G(ctx).WithError(err).Debug("lazyfork: record release")
+	}
+	return resp, nil
+}
+
+// Stats serves metrics of restored tasks from the cgroup LazyFork loaded; runc's
+// shim has none for them.
+func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
+	s.mu.Lock()
+	var cg any
+	if c := s.containers[r.ID]; c != nil {
+		cg = c.cg
+	}
+	s.mu.Unlock()
+	if cg == nil {
+		return s.TTRPCTaskService.Stats(ctx, r)
+	}
+	var stats any
+	switch cg := cg.(type) {
+	case cgroup1.Cgroup:
+		st, err := cg.Stat(cgroup1.IgnoreNotExist)
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		stats = st
+	case *cgroupsv2.Manager:
+		st, err := cg.Stat()
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		stats = st
+	default:
+		return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "unsupported cgroup type %T", cg)
+	}
+	data, err := typeurl.MarshalAny(stats)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &taskAPI.StatsResponse{Stats: typeurl.MarshalProto(data)}, nil
+}

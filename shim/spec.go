@@ -1,0 +1,128 @@
+package shim
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/lazyfork/lazyfork/memfile"
+)
+
+const specFile = "config.json"
+
+// HookArg is the first argument that makes the shim binary act as LazyFork's
+// OCI hook instead of a shim (see RunHook).
+const HookArg = "lazyfork-hook"
+
+// OvercommitFile is the file, inside a family's memory directory, that is
+// bind-mounted over /proc/sys/vm/overcommit_memory. It lives there so that
+// CRIU sees the mount as a bind of the external /.lazyfork/mem mount and
+// restores it without help.
+func OvercommitFile(value string) string { return "vm.overcommit_memory." + value }
+
+func readSpec(bundle string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, specFile))
+	if err != nil {
+		return nil, fmt.Errorf("read bundle spec: %w", err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("decode bundle spec: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return &s, nil
+}
+
+// writeSpec replaces the bundle's config.json atomically: runc must never read
+// half of it.
+func writeSpec(bundle string, s *specs.Spec) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(bundle, specFile), b, 0o600)
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// withMemMount bind-mounts the family's memory directory read-only at
+// memfile.MountPath, replacing any mount already there. runc hands every bind
+// mount to CRIU as external (key: the container path, value at restore: the
+// host source), so the mount must be there from creation on, for roots and
+// forks alike.
+func withMemMount(s *specs.Spec, hostDir string) {
+	mounts := s.Mounts[:0]
+	for _, m := range s.Mounts {
+		if filepath.Clean(m.Destination) != memfile.MountPath {
+			mounts = append(mounts, m)
+		}
+	}
+	s.Mounts = append(mounts, specs.Mount{
+		Destination: memfile.MountPath,
+		Type:        "bind",
+		Source:      hostDir,
+		// No noexec: CRIU maps the files with the protections the memory had,
+		// and a JIT's executable heap must stay executable.
+		Options: []string{"rbind", "ro", "nosuid", "nodev", "rprivate"},
+	})
+}
+
+// withOvercommitHook adds the createContainer hook that makes
+// /proc/sys/vm/overcommit_memory read the given value. runc refuses spec mounts
+// inside /proc, so a hook, running in the container's mount namespace before
+// pivot_root, does the bind mount.
+func withOvercommitHook(s *specs.Spec, self, value string) {
+	if s.Hooks == nil {
+		s.Hooks = &specs.Hooks{}
+	}
+	hooks := s.Hooks.CreateContainer[:0]
+	for _, h := range s.Hooks.CreateContainer {
+		if !isOurHook(h) {
+			hooks = append(hooks, h)
+		}
+	}
+	s.Hooks.CreateContainer = append(hooks, specs.Hook{
+		Path: self,
+		Args: []string{filepath.Base(self), HookArg, "overcommit", OvercommitFile(value)},
+	})
+}
+
+func isOurHook(h specs.Hook) bool {
+	return len(h.Args) > 1 && h.Args[1] == HookArg
+}
+
+// ensureOvercommitFile writes the file the hook bind-mounts, once per family.
+// Like the memory files it is never modified afterwards.
+func ensureOvercommitFile(familyDir, value string) error {
+	p := filepath.Join(familyDir, OvercommitFile(value))
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	return writeFileAtomic(p, []byte(value+"\n"), 0o444)
+}

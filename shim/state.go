@@ -1,0 +1,54 @@
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+const stateFile = "lazyfork.json"
+
+// containerState is what LazyFork knows about one container, kept in its bundle
+// so that the `delete` subcommand (run after a shim died) can release it.
+type containerState struct {
+	Namespace string `json:"namespace"`
+	ID        string `json:"id"`
+	Family    string `json:"family"`
+	// Holder is the memfile reference the container holds on its family's
+	// files ("" if it holds none: a root that maps no memory file).
+	Holder string `json:"holder,omitempty"`
+	// Snapshot is the LazyFork snapshot the task was restored from.
+	Snapshot string `json:"snapshot,omitempty"`
+	// CgroupsPath is the spec's linux.cgroupsPath, removed on delete if a
+	// failed restore left it behind.
+	CgroupsPath string `json:"cgroupsPath,omitempty"`
+}
+
+func writeState(bundle string, st *containerState) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(bundle, stateFile), b, 0o600)
+}
+
+// readState returns nil, nil when the bundle has no LazyFork state.
+func readState(bundle string) (*containerState, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, stateFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st containerState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", stateFile, err)
+	}
+	return &st, nil
+}
+
+// containerHolder is the memfile reference a container holds.
+func containerHolder(ns, id string) string { return "container:" + ns + "/" + id }
