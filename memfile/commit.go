@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/lazyfork/lazyfork/criuimg"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 )
 
 const stagingInfix = ".lazyfork-stage-"
@@ -33,6 +34,9 @@ func removeStaleStaging(imageDir string) {
 func (rw *rewriter) stage(ctx context.Context) error {
 	rw.staging = rw.imageDir + stagingInfix + randHex(6)
 	if err := os.Mkdir(rw.staging, 0o700); err != nil {
+		return err
+	}
+	if err := rw.splitCOWIDs(); err != nil {
 		return err
 	}
 	rewritten := map[string]bool{criuimg.FilesPath(rw.imageDir): true, filepath.Join(rw.imageDir, SnapshotFile): true}
@@ -127,6 +131,9 @@ func (rw *rewriter) stage(ctx context.Context) error {
 	}
 	for _, reg := range rw.regions {
 		files.Add(rw.regFile(reg.regID, memInfo, uint32(memInfo.Mode().Perm())|unix.S_IFREG))
+	}
+	for _, fe := range rw.clones {
+		files.Add(fe)
 	}
 	if len(rw.regions) > 0 {
 		pinned[rw.memName] = true
@@ -311,4 +318,61 @@ func (s *Store) dropRefLocked(family, holder string, ours bool) {
 	if ours {
 		os.Remove(s.refPath(family, holder))
 	}
+}
+
+// splitCOWIDs works around CRIU's test for copy-on-write sharing between a
+// parent's and a child's VMA (criu/mem.c, check_cow_vmas): same start, end
+// and file id, but not the same offset. A dump of a restored copy gives every
+// mapping of one memory file the same file id, so a child whose VMA maps its
+// own region at the address where its parent maps another region of that
+// file would be restored with the parent's contents. Such a child VMA gets a
+// file id of its own (a clone of the files.img entry).
+func (rw *rewriter) splitCOWIDs() error {
+	byPID := map[uint32]*task{}
+	for _, t := range rw.tasks {
+		byPID[t.pid] = t
+	}
+	entries := map[uint32]*fdinfo.FileEntry{}
+	for _, fe := range rw.files.Entries {
+		entries[fe.GetId()] = fe
+	}
+	next := rw.files.MaxID() + 1 + uint32(len(rw.regions))
+	for _, t := range rw.tasks {
+		parent := byPID[t.ppid]
+		if t.mm == nil || parent == nil || parent.mm == nil {
+			continue
+		}
+		type key struct{ start, end, shmid uint64 }
+		pv := map[key]uint64{}
+		for _, p := range parent.vmas {
+			if p.e.GetStatus()&vmaFilePrivate != 0 {
+				pv[key{p.e.GetStart(), p.e.GetEnd(), p.e.GetShmid()}] = p.e.GetPgoff()
+			}
+		}
+		for _, p := range t.vmas {
+			v := p.e
+			if v.GetStatus()&vmaFilePrivate == 0 {
+				continue
+			}
+			off, ok := pv[key{v.GetStart(), v.GetEnd(), v.GetShmid()}]
+			if !ok || off == v.GetPgoff() {
+				continue
+			}
+			orig := entries[uint32(v.GetShmid())]
+			if orig == nil || orig.GetReg() == nil {
+				return fmt.Errorf("pid %d: VMA %#x maps file id %d, missing from files.img: %w", t.pid, v.GetStart(), v.GetShmid(), errdefs.ErrDataLoss)
+			}
+			clone := proto.Clone(orig).(*fdinfo.FileEntry)
+			clone.Id = ptr(next)
+			clone.Reg.Id = ptr(next)
+			rw.clones = append(rw.clones, clone)
+			if name, ok := rw.famFiles[orig.GetId()]; ok {
+				rw.famFiles[next] = name
+			}
+			v.Shmid = ptr(uint64(next))
+			next++
+			t.changed = true
+		}
+	}
+	return nil
 }

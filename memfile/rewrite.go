@@ -151,6 +151,8 @@ type rewriter struct {
 	memTmp  string // its path while written
 	mem     *os.File
 
+	clones []*fdinfo.FileEntry // files.img entries added by splitCOWIDs
+
 	staging     string
 	stagedBytes int64 // bytes the copier spent on staged pages images
 	info        SnapshotInfo
