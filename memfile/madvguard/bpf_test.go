@@ -31,6 +31,7 @@ type childReq struct {
 }
 
 func TestMain(m *testing.M) {
+	MaybeServe() // SpawnSupervisor re-executes the test binary
 	if os.Getenv(childEnv) != "" {
 		os.Exit(child())
 	}

@@ -220,3 +220,92 @@ func checkOneGuard(t *testing.T, dir string) {
 		t.Logf("%s: %s", filepath.Base(dir), fmt.Sprint(ts))
 	}
 }
+
+// Zero mode: without a supervisor the copy's purges fail (ENOSYS); with one
+// they succeed and the range reads zeros; the supervisor detaches for a
+// dump of the copy and attaches again.
+func TestZeroModeThroughCRIU(t *testing.T) {
+	testutil.RequiresCRIU(t)
+	probe := buildProbe(t)
+	if err := criurun.BecomeSubreaper(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tmp := t.TempDir()
+	out := filepath.Join(tmp, "parent.out")
+	w, err := criurun.Start([]string{probe, "-f"}, criurun.StartOptions{Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Kill()
+	probeLine(t, out, 0)
+	img := filepath.Join(tmp, "img")
+	if _, err := criurun.Dump(ctx, w.PID, img, criurun.DumpOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ranges, err := madvguard.AnonRanges(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := madvguard.ApplyMode(img, ranges, madvguard.Zero); err != nil {
+		t.Fatal(err)
+	}
+	for _, th := range guards(t, img) {
+		if th.Guards == 1 && th.Mode != madvguard.Zero {
+			t.Fatalf("guard mode %v, want zero", th.Mode)
+		}
+	}
+	copyOut := filepath.Join(tmp, "copy.out")
+	r, err := criurun.Restore(ctx, img, criurun.RestoreOptions{Stdout: copyOut})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer criurun.Kill(r.PID)
+	unsupervised := map[string]string{"in": "ENOSYS", "free": "ENOSYS", "out": "ok", "data": "ok", "own": "EXFULL", "t2in": "ENOSYS", "filters": "2"}
+	expect(t, "unsupervised copy", probeLine(t, copyOut, 1), unsupervised)
+
+	sup, err := madvguard.SpawnSupervisor(r.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sup.Close()
+	supervised := map[string]string{"in": "ok", "free": "ok", "out": "ok", "data": "ok", "own": "EXFULL", "t2in": "ok", "filters": "2"}
+	expect(t, "supervised copy", probeLine(t, copyOut, lineCount(copyOut)+1), supervised)
+	st, err := sup.Stats()
+	if err != nil || st.Zeroed == 0 {
+		t.Fatalf("supervisor stats %+v, %v: nothing zeroed", st, err)
+	}
+	t.Logf("supervisor: %+v (%.1f us per stop)", st, float64(st.Busy.Microseconds())/float64(max(st.Zeroed, 1)))
+
+	// A supervised copy stays forkable: detach, dump, attach.
+	if err := sup.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	img2 := filepath.Join(tmp, "img2")
+	if _, err := criurun.Dump(ctx, r.PID, img2, criurun.DumpOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sup.Attach(); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "copy after re-attach", probeLine(t, copyOut, lineCount(copyOut)+1), supervised)
+	checkOneGuard(t, img2)
+	ranges2, err := madvguard.AnonRanges(img2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := madvguard.ApplyMode(img2, ranges2, madvguard.Zero); err != nil {
+		t.Fatal(err)
+	}
+	checkOneGuard(t, img2)
+	grandOut := filepath.Join(tmp, "grandchild.out")
+	r2, err := criurun.Restore(ctx, img2, criurun.RestoreOptions{Stdout: grandOut})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer criurun.Kill(r2.PID)
+	expect(t, "copy of the copy", probeLine(t, grandOut, 1), unsupervised)
+	if err := sup.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

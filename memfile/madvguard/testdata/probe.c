@@ -2,13 +2,15 @@
  * probe: holds 8 MiB of anonymous data and reports, every 100 ms, what
  * madvise does to it, from two threads:
  *
- *   probe in=<r> free=<r> out=<r> data=<ok|bad> own=<r> filters=<n> t2in=<r> t2own=<r>
+ *   probe in=<r> free=<r> out=<r> data=<ok|bad> own=<r> filters=<n> t2in=<r> t2own=<r> in_ns=<n> out_ns=<n>
  *
  * in/free: MADV_DONTNEED / MADV_FREE on a page of the region; out: DONTNEED
  * on a fresh mapping; data: the region still holds its bytes wherever madvise
  * failed; own: errno of sched_get_priority_max(77), which -f blocks with its
  * own filter (a container profile stand-in); t2own the same from thread 2,
  * which with -F adds one more filter of its own (chains differ per thread).
+ * in_ns/out_ns: mean time of a MADV_DONTNEED call on a just-written page
+ * inside the region / in a fresh mapping (100 calls each per report).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define REGION (8 << 20)
@@ -82,6 +85,28 @@ static int filters(void)
 	return n;
 }
 
+static long long now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Mean ns of madvise(DONTNEED) on a just-written page, over n pages of base. */
+static long long cost(unsigned char *base, int n)
+{
+	long long total = 0;
+	for (int i = 0; i < n; i++) {
+		unsigned char *p = base + (size_t)i * 4096;
+		p[0] = 0xa5;
+		long long t0 = now_ns();
+		madvise(p, 4096, MADV_DONTNEED);
+		total += now_ns() - t0;
+		memset(p, 0xa5, 4096);
+	}
+	return total / n;
+}
+
 int main(int argc, char **argv)
 {
 	int opt;
@@ -111,9 +136,10 @@ int main(int argc, char **argv)
 		unsigned char *o = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		memset(o, 1, 1 << 20);
 		const char *rout = res(madvise(o, 1 << 20, MADV_DONTNEED));
+		long long in_ns = cost(region + (2 << 20), 100), out_ns = cost(o, 100);
 		munmap(o, 1 << 20);
-		printf("probe in=%s free=%s out=%s data=%s own=%s filters=%d t2in=%s t2own=%s\n",
-		       rin, rfree, rout, okdata ? "ok" : "bad", own(), filters(), t2in, t2own);
+		printf("probe in=%s free=%s out=%s data=%s own=%s filters=%d t2in=%s t2own=%s in_ns=%lld out_ns=%lld\n",
+		       rin, rfree, rout, okdata ? "ok" : "bad", own(), filters(), t2in, t2own, in_ns, out_ns);
 		usleep(100000);
 	}
 }

@@ -1,0 +1,435 @@
+package madvguard
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Supervisor serves a Zero-mode guard: it traces every thread of a restored
+// process tree and turns each purging madvise the guard stops into an
+// anonymous mmap(MAP_FIXED) of the same range, with the range's protection,
+// then makes the call return 0. The range reads as zeros and its memory is
+// freed, as MADV_DONTNEED on anonymous memory would. A call it cannot
+// convert (the range spans mappings of different protection, or a shared or
+// unmapped part) fails with EINVAL, as in Refuse mode.
+//
+// A traced process cannot be dumped: Detach before a dump (the guard then
+// answers ENOSYS, which allocators treat like EINVAL) and Attach after.
+//
+// All ptrace calls run on one locked OS thread, which waits only for its own
+// tracees (__WNOTHREAD). Run it in a process that is not the tracees' real
+// parent (a helper process; see Serve): a parent's own wait for the tracee
+// could take a ptrace stop meant for the supervisor.
+//
+// Converted ranges lose what madvise set on them before (MADV_DONTDUMP,
+// huge page hints) and their prctl name.
+type Supervisor struct {
+	root int
+	cmds chan command
+	done chan struct{}
+	err  error
+
+	zeroed, refused, stops atomic.Uint64
+	busy                   atomic.Int64 // ns spent handling stops
+}
+
+// Stats counts what a Supervisor did.
+type Stats struct {
+	Zeroed  uint64        // calls turned into fresh anonymous mappings
+	Refused uint64        // calls failed with EINVAL
+	Stops   uint64        // ptrace stops handled (all kinds)
+	Busy    time.Duration // time spent handling seccomp stops
+}
+
+type command struct {
+	op    string // "detach", "attach", "close"
+	reply chan error
+}
+
+const traceOpts = unix.PTRACE_O_TRACESECCOMP | unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEFORK |
+	unix.PTRACE_O_TRACEVFORK | unix.PTRACE_O_TRACESYSGOOD
+
+// Supervise attaches to every thread of the process tree rooted at root.
+func Supervise(root int) (*Supervisor, error) {
+	s := &Supervisor{root: root, cmds: make(chan command), done: make(chan struct{})}
+	started := make(chan error, 1)
+	go s.loop(started)
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Supervisor) do(op string) error {
+	c := command{op: op, reply: make(chan error, 1)}
+	select {
+	case s.cmds <- c:
+	case <-s.done:
+		return fmt.Errorf("madvguard supervisor stopped: %v", s.err)
+	}
+	return <-c.reply
+}
+
+// Detach lets go of every tracee (before a dump of the tree).
+func (s *Supervisor) Detach() error { return s.do("detach") }
+
+// Attach traces the tree again (after a dump).
+func (s *Supervisor) Attach() error { return s.do("attach") }
+
+// Close detaches and stops the supervisor.
+func (s *Supervisor) Close() error {
+	err := s.do("close")
+	<-s.done
+	return err
+}
+
+// Done is closed when the supervisor stops (Close, or every tracee gone).
+func (s *Supervisor) Done() <-chan struct{} { return s.done }
+
+// Stats returns the counts so far.
+func (s *Supervisor) Stats() Stats {
+	return Stats{Zeroed: s.zeroed.Load(), Refused: s.refused.Load(), Stops: s.stops.Load(), Busy: time.Duration(s.busy.Load())}
+}
+
+type tracee struct {
+	tgid   int
+	inExit bool   // stopped the converted call; its exit stop comes next
+	addr   uint64 // start of the converted range
+}
+
+type tracer struct {
+	s         *Supervisor
+	tracees   map[int]*tracee
+	detaching bool
+}
+
+func ptrace(req, pid int, addr, data uintptr) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), addr, data, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func (s *Supervisor) loop(started chan<- error) {
+	runtime.LockOSThread() // ptrace requests must come from the tracer thread; never unlocked
+	defer close(s.done)
+	sig := make(chan os.Signal, 16)
+	signal.Notify(sig, syscall.SIGCHLD)
+	defer signal.Stop(sig)
+	t := &tracer{s: s, tracees: map[int]*tracee{}}
+	if err := t.attachTree(); err != nil {
+		t.detachAll()
+		started <- err
+		s.err = err
+		return
+	}
+	started <- nil
+	tick := time.NewTicker(100 * time.Millisecond) // a missed SIGCHLD costs at most this
+	defer tick.Stop()
+	for {
+		select {
+		case c := <-s.cmds:
+			var err error
+			switch c.op {
+			case "detach":
+				err = t.detachAll()
+			case "attach":
+				err = t.attachTree()
+			case "close":
+				err = t.detachAll()
+				c.reply <- err
+				s.err = errors.New("closed")
+				return
+			}
+			c.reply <- err
+		case <-sig:
+		case <-tick.C:
+		}
+		t.drain(false)
+	}
+}
+
+// drain handles every pending stop. With block, it waits for at least one.
+func (t *tracer) drain(block bool) {
+	for {
+		var ws unix.WaitStatus
+		flags := unix.WALL | unix.WNOTHREAD
+		if !block {
+			flags |= unix.WNOHANG
+		}
+		tid, err := unix.Wait4(-1, &ws, flags, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || tid <= 0 {
+			return
+		}
+		block = false
+		t.s.stops.Add(1)
+		t.handle(tid, ws)
+	}
+}
+
+func (t *tracer) resume(tid int, tr *tracee, sig int) {
+	if t.detaching {
+		ptrace(unix.PTRACE_DETACH, tid, 0, uintptr(sig))
+		delete(t.tracees, tid)
+		return
+	}
+	ptrace(unix.PTRACE_CONT, tid, 0, uintptr(sig))
+}
+
+func (t *tracer) handle(tid int, ws unix.WaitStatus) {
+	tr := t.tracees[tid]
+	if ws.Exited() || ws.Signaled() {
+		delete(t.tracees, tid)
+		return
+	}
+	if !ws.Stopped() {
+		return
+	}
+	if tr == nil { // an auto-attached child whose fork event we have not seen yet
+		tr = &tracee{tgid: tgidOf(tid)}
+		t.tracees[tid] = tr
+	}
+	sig := ws.StopSignal()
+	event := (int(ws) >> 16) & 0xff
+	switch {
+	case sig == unix.SIGTRAP|0x80: // syscall exit of a converted call
+		t.onExit(tid, tr)
+	case sig == unix.SIGTRAP && event == unix.PTRACE_EVENT_SECCOMP:
+		t.onSeccomp(tid, tr)
+	case sig == unix.SIGTRAP && (event == unix.PTRACE_EVENT_CLONE || event == unix.PTRACE_EVENT_FORK || event == unix.PTRACE_EVENT_VFORK):
+		if msg, err := unix.PtraceGetEventMsg(tid); err == nil {
+			if _, ok := t.tracees[int(msg)]; !ok {
+				t.tracees[int(msg)] = &tracee{tgid: tgidOf(int(msg))}
+			}
+		}
+		t.resume(tid, tr, 0)
+	case event == unix.PTRACE_EVENT_STOP:
+		if (sig == unix.SIGSTOP || sig == unix.SIGTSTP || sig == unix.SIGTTIN || sig == unix.SIGTTOU) && !t.detaching {
+			ptrace(unix.PTRACE_LISTEN, tid, 0, 0) // group stop: stay stopped
+			return
+		}
+		t.resume(tid, tr, 0)
+	case sig == unix.SIGTRAP && event != 0:
+		t.resume(tid, tr, 0)
+	default: // signal delivery: pass it on
+		t.resume(tid, tr, int(sig))
+	}
+}
+
+func (t *tracer) onSeccomp(tid int, tr *tracee) {
+	start := time.Now()
+	defer func() { t.s.busy.Add(int64(time.Since(start))) }()
+	var regs unix.PtraceRegs
+	if err := unix.PtraceGetRegs(tid, &regs); err != nil {
+		t.resume(tid, tr, 0)
+		return
+	}
+	if regs.Orig_rax != unix.SYS_MADVISE {
+		t.resume(tid, tr, 0)
+		return
+	}
+	addr := regs.Rdi
+	length := (regs.Rsi + 4095) &^ 4095
+	prot, ok := protOf(tr.tgid, addr, addr+length)
+	if !ok || addr&4095 != 0 || length == 0 {
+		regs.Orig_rax = ^uint64(0) // skip the call; rax is its result
+		regs.Rax = negErrno(unix.EINVAL)
+		unix.PtraceSetRegs(tid, &regs)
+		t.s.refused.Add(1)
+		t.resume(tid, tr, 0)
+		return
+	}
+	regs.Orig_rax = unix.SYS_MMAP
+	regs.Rdi, regs.Rsi, regs.Rdx = addr, length, uint64(prot)
+	regs.R10 = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_FIXED
+	regs.R8, regs.R9 = ^uint64(0), 0
+	if err := unix.PtraceSetRegs(tid, &regs); err != nil {
+		t.resume(tid, tr, 0)
+		return
+	}
+	tr.inExit, tr.addr = true, addr
+	ptrace(unix.PTRACE_SYSCALL, tid, 0, 0) // stop again at the exit to fix the result
+}
+
+func (t *tracer) onExit(tid int, tr *tracee) {
+	if !tr.inExit {
+		t.resume(tid, tr, 0)
+		return
+	}
+	tr.inExit = false
+	var regs unix.PtraceRegs
+	if err := unix.PtraceGetRegs(tid, &regs); err == nil {
+		if regs.Rax == tr.addr {
+			regs.Rax = 0
+			t.s.zeroed.Add(1)
+		} else {
+			regs.Rax = negErrno(unix.EINVAL)
+			t.s.refused.Add(1)
+		}
+		unix.PtraceSetRegs(tid, &regs)
+	}
+	t.resume(tid, tr, 0)
+}
+
+// attachTree seizes every thread of every process under root, until a pass
+// finds nothing new.
+func (t *tracer) attachTree() error {
+	t.detaching = false
+	for pass := 0; pass < 50; pass++ {
+		tids, err := treeThreads(t.s.root)
+		if err != nil {
+			return err
+		}
+		added := 0
+		for tid, tgid := range tids {
+			if _, ok := t.tracees[tid]; ok {
+				continue
+			}
+			if err := ptrace(unix.PTRACE_SEIZE, tid, 0, traceOpts); err != nil {
+				if errors.Is(err, unix.ESRCH) {
+					continue
+				}
+				if errors.Is(err, unix.EPERM) { // already traced (by us, via auto-attach)
+					continue
+				}
+				return fmt.Errorf("madvguard: PTRACE_SEIZE %d: %w", tid, err)
+			}
+			t.tracees[tid] = &tracee{tgid: tgid}
+			added++
+		}
+		if added == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("madvguard: tree of %d keeps growing while attaching", t.s.root)
+}
+
+// detachAll stops every tracee and detaches at that stop, finishing any
+// converted call first.
+func (t *tracer) detachAll() error {
+	t.detaching = true
+	for tid := range t.tracees {
+		if err := ptrace(unix.PTRACE_INTERRUPT, tid, 0, 0); errors.Is(err, unix.ESRCH) {
+			delete(t.tracees, tid)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(t.tracees) > 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("madvguard: %d tracees did not stop for detach", len(t.tracees))
+		}
+		t.drain(true) // a converted call still sees its exit stop first (resume detaches)
+	}
+	return nil
+}
+
+// treeThreads maps every thread of root's process tree to its tgid.
+func treeThreads(root int) (map[int]int, error) {
+	out := map[int]int{}
+	queue := []int{root}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			if pid == root {
+				return nil, fmt.Errorf("madvguard: process %d: %w", root, err)
+			}
+			continue
+		}
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			out[tid] = pid
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, tid))
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func tgidOf(tid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return tid
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				return n
+			}
+		}
+	}
+	return tid
+}
+
+// protOf returns the protection of [start, end) when private mappings of
+// one protection cover all of it.
+func protOf(tgid int, start, end uint64) (int, bool) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", tgid))
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	next, prot := start, -1
+	sc := bufio.NewScanner(f)
+	for sc.Scan() && next < end {
+		line := sc.Text()
+		dash := strings.IndexByte(line, '-')
+		sp := strings.IndexByte(line, ' ')
+		if dash < 0 || sp < dash || len(line) < sp+5 {
+			return 0, false
+		}
+		lo, err1 := strconv.ParseUint(line[:dash], 16, 64)
+		hi, err2 := strconv.ParseUint(line[dash+1:sp], 16, 64)
+		if err1 != nil || err2 != nil || hi <= next {
+			continue
+		}
+		if lo > next {
+			return 0, false // a hole
+		}
+		perms := line[sp+1 : sp+5]
+		if perms[3] != 'p' {
+			return 0, false
+		}
+		p := 0
+		if perms[0] == 'r' {
+			p |= unix.PROT_READ
+		}
+		if perms[1] == 'w' {
+			p |= unix.PROT_WRITE
+		}
+		if perms[2] == 'x' {
+			p |= unix.PROT_EXEC
+		}
+		if prot >= 0 && p != prot {
+			return 0, false
+		}
+		prot, next = p, hi
+	}
+	return prot, prot >= 0 && next >= end
+}
+
+// negErrno is a syscall's failing return value as rax holds it.
+func negErrno(e unix.Errno) uint64 { return uint64(-int64(e)) }
