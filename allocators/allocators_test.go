@@ -2,14 +2,19 @@ package allocators_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/allocators"
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/testutil"
+	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
@@ -31,17 +36,16 @@ func TestParseStatus(t *testing.T) {
 	}
 }
 
-// guardPlain guards a plain dump on every range that holds data.
-func guardPlain(ctx context.Context, dir string, gen int) error {
-	rs, err := madvguard.AnonRanges(dir)
-	if err != nil {
-		return err
-	}
-	return madvguard.Apply(dir, rs)
+func TestMain(m *testing.M) {
+	madvguard.MaybeServe() // supervisors run as re-executions of the test binary
+	os.Exit(m.Run())
 }
 
-// Every allocator, dumped, guarded and restored as 3 forks watched for 30 s
-// and a fork of a fork: zero failures anywhere, the guard in every copy.
+// Every allocator, dumped, rewritten into memory files and restored as 3
+// forks watched for 30 s and a fork of a fork, in both guard modes: zero
+// failures anywhere. Without the guard jemalloc must fail: that proves the
+// hazard is real, so a regression cannot pass silently. Everything runs at
+// once to keep the test near a minute.
 func TestAllocatorsInForks(t *testing.T) {
 	testutil.RequiresCRIU(t)
 	testutil.RequiresBinary(t, "gcc")
@@ -49,34 +53,76 @@ func TestAllocatorsInForks(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	bins, err := allocators.Build(ctx, t.TempDir())
+	tmp := t.TempDir()
+	bins, err := allocators.Build(ctx, filepath.Join(tmp, "bin"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := t.TempDir()
-	var opts []allocators.RunOptions
+	memRoot := filepath.Join(tmp, "mem")
+	if err := memfile.EnsureTmpfs(memRoot, 8<<30); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(memRoot, unix.MNT_DETACH) })
+	store, err := memfile.OpenStore(memRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refuse, zero := madvguard.Refuse, madvguard.Zero
+	type run struct {
+		name string
+		opts allocators.RunOptions
+	}
+	var runs []run
+	add := func(name string, cfg allocators.Config, mode *madvguard.Mode, forks int, fof bool) {
+		prep, err := allocators.MemfilePrepare(store, fmt.Sprintf("t%d-%s", os.Getpid(), strings.ReplaceAll(name, "/", "-")), mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, run{name, allocators.RunOptions{
+			Config: cfg, Bins: bins, Dir: filepath.Join(tmp, strings.ReplaceAll(name, "/", "-")),
+			Prepare: prep, Forks: forks, Warmup: 2 * time.Second,
+			Watch: 30 * time.Second, ForkOfFork: fof, WatchGrandchild: 10 * time.Second,
+			Threads: 2, MiB: 32, YieldUs: 1000, Supervise: mode != nil && *mode == zero,
+		}})
+	}
 	for _, cfg := range allocators.Configs {
-		opts = append(opts, allocators.RunOptions{
-			Config: cfg, Bins: bins, Dir: filepath.Join(root, cfg.Name),
-			Prepare: guardPlain, Forks: 3, Warmup: 2 * time.Second,
-			Watch: 30 * time.Second, ForkOfFork: true, WatchGrandchild: 10 * time.Second,
-			Threads: 2, MiB: 48, YieldUs: 500,
-		})
+		add(cfg.Name+"/refuse", cfg, &refuse, 3, true)
+		add(cfg.Name+"/zero", cfg, &zero, 3, true)
+	}
+	add("jemalloc/unguarded", allocators.Configs[1], nil, 1, false)
+
+	opts := make([]allocators.RunOptions, len(runs))
+	for i := range runs {
+		opts[i] = runs[i].opts
 	}
 	results, errs := allocators.RunAll(ctx, opts)
-	for i, cfg := range allocators.Configs {
-		t.Run(cfg.Name, func(t *testing.T) {
+	for i, r := range runs {
+		t.Run(r.name, func(t *testing.T) {
 			if errs[i] != nil {
 				t.Fatal(errs[i])
 			}
 			for _, c := range results[i].Copies {
 				t.Log(c)
+			}
+			err := results[i].Check()
+			if r.opts.Prepare != nil && strings.HasSuffix(r.name, "/unguarded") {
+				// The hazard: stale bytes in callocs of the unguarded fork.
+				fork := results[i].Copies[1]
+				if fork.Last.BadCalloc == 0 {
+					t.Errorf("unguarded jemalloc fork saw no stale calloc: the hazard the guard exists for did not show (%v)", fork)
+				}
+				return
+			}
+			if err != nil {
+				t.Error(err)
+			}
+			for _, c := range results[i].Copies {
 				if c.Role != "parent" && c.Filters < 1 {
 					t.Errorf("%s: Seccomp_filters=%d, the guard is missing", c.Role, c.Filters)
 				}
-			}
-			if err := results[i].Check(); err != nil {
-				t.Error(err)
+				if r.opts.Supervise && c.Role != "parent" && c.Sup == nil {
+					t.Errorf("%s: no supervisor stats", c.Role)
+				}
 			}
 		})
 	}

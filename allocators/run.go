@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
 // Prepare turns a fresh dump into the image forks restore from (the memfile
@@ -34,6 +36,9 @@ type RunOptions struct {
 	Threads, MiB    int
 	YieldUs         int
 	Keep            bool // leave processes running (caller kills Result.PIDs)
+	// Supervise runs a madvguard supervisor (Zero mode) beside every copy;
+	// the program must call madvguard.MaybeServe first thing.
+	Supervise bool
 	// Sample, if set, is called with every watched process at the end of
 	// each watch (e.g. to read its memory).
 	Sample func(role string, pid int)
@@ -47,6 +52,7 @@ type Copy struct {
 	First, Last Status
 	Lines       int
 	Filters     int // Seccomp_filters of its root at the end of the watch
+	Sup         *madvguard.Stats
 }
 
 // Result is the outcome of a family run.
@@ -69,7 +75,11 @@ func Run(ctx context.Context, o RunOptions) (*Result, error) {
 	}
 	args, env := Command(o.Bins, o.Config, o.Threads, o.MiB, o.YieldUs)
 	res := &Result{}
+	sups := map[int]*madvguard.Remote{}
 	defer func() {
+		for _, s := range sups {
+			s.Close()
+		}
 		if !o.Keep {
 			for _, p := range res.PIDs {
 				criurun.Kill(p)
@@ -77,7 +87,9 @@ func Run(ctx context.Context, o RunOptions) (*Result, error) {
 		}
 	}()
 	pout := filepath.Join(o.Dir, "parent.out")
-	w, err := criurun.Start(args, criurun.StartOptions{Stdout: pout, Env: env})
+	// Own cwd: CRIU's parasite mounts /proc at "proc.crtools" in the dumped
+	// task's cwd, so concurrent dumps of tasks sharing a cwd collide (EEXIST).
+	w, err := criurun.Start(args, criurun.StartOptions{Stdout: pout, Env: env, Dir: o.Dir})
 	if err != nil {
 		return res, err
 	}
@@ -105,15 +117,31 @@ func Run(ctx context.Context, o RunOptions) (*Result, error) {
 		}
 		res.PIDs = append(res.PIDs, r.PID)
 		copies = append(copies, Copy{Role: fmt.Sprintf("fork%d", i), PID: r.PID, Out: out})
+		if o.Supervise {
+			if sups[r.PID], err = madvguard.SpawnSupervisor(r.PID); err != nil {
+				return res, err
+			}
+		}
 	}
 	sleep(ctx, o.Watch)
 	for i := range copies {
-		finish(&copies[i], o.Sample)
+		finish(&copies[i], o.Sample, sups[copies[i].PID])
 	}
 	if o.ForkOfFork && o.Forks > 0 {
 		img2 := filepath.Join(o.Dir, "img2")
+		sup := sups[copies[1].PID]
+		if sup != nil {
+			if err := sup.Detach(); err != nil {
+				return res, err
+			}
+		}
 		if _, err := criurun.Dump(ctx, copies[1].PID, img2, criurun.DumpOptions{}); err != nil {
 			return res, err
+		}
+		if sup != nil {
+			if err := sup.Attach(); err != nil {
+				return res, err
+			}
 		}
 		if o.Prepare != nil {
 			if err := o.Prepare(ctx, img2, 2); err != nil {
@@ -126,18 +154,28 @@ func Run(ctx context.Context, o RunOptions) (*Result, error) {
 			return res, err
 		}
 		res.PIDs = append(res.PIDs, r.PID)
+		if o.Supervise {
+			if sups[r.PID], err = madvguard.SpawnSupervisor(r.PID); err != nil {
+				return res, err
+			}
+		}
 		sleep(ctx, o.WatchGrandchild)
 		g := Copy{Role: "fork1.1", PID: r.PID, Out: out}
-		finish(&g, o.Sample)
+		finish(&g, o.Sample, sups[r.PID])
 		copies = append(copies, g)
 	}
 	res.Copies = copies
 	return res, ctx.Err()
 }
 
-func finish(c *Copy, sample func(string, int)) {
+func finish(c *Copy, sample func(string, int), sup *madvguard.Remote) {
 	c.First, c.Last, c.Lines, _ = ReadStatus(c.Out)
 	c.Filters = seccompFilters(c.PID)
+	if sup != nil {
+		if st, err := sup.Stats(); err == nil {
+			c.Sup = &st
+		}
+	}
 	if sample != nil {
 		sample(c.Role, c.PID)
 	}
@@ -162,8 +200,35 @@ func (r *Result) Check() error {
 }
 
 func (c Copy) String() string {
-	return fmt.Sprintf("%s pid=%d lines=%d ops=%d callocs=%d bad_calloc=%d bad_pattern=%d filters=%d",
+	s := fmt.Sprintf("%s pid=%d lines=%d ops=%d callocs=%d bad_calloc=%d bad_pattern=%d filters=%d",
 		c.Role, c.PID, c.Lines, c.Last.Ops-c.First.Ops, c.Last.Callocs-c.First.Callocs, c.Last.BadCalloc, c.Last.BadPattern, c.Filters)
+	if c.Sup != nil {
+		s += fmt.Sprintf(" zeroed=%d refused=%d", c.Sup.Zeroed, c.Sup.Refused)
+	}
+	return s
+}
+
+// MemfilePrepare rewrites each dump into memory files of family (plain
+// processes: the files are mapped at their host paths), then guards it in
+// mode, or leaves it unguarded when mode is nil.
+func MemfilePrepare(store *memfile.Store, family string, mode *madvguard.Mode) (Prepare, error) {
+	famDir, err := store.FamilyDir(family)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, dir string, gen int) error {
+		if _, err := store.Rewrite(ctx, dir, memfile.RewriteOptions{Family: family, MapDir: famDir}); err != nil {
+			return err
+		}
+		if mode == nil {
+			return nil
+		}
+		rs, err := madvguard.DataRanges(dir, famDir, famDir)
+		if err != nil {
+			return err
+		}
+		return madvguard.ApplyMode(dir, rs, *mode)
+	}, nil
 }
 
 func seccompFilters(pid int) int {
