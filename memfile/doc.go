@@ -1,0 +1,112 @@
+// Package memfile turns a CRIU dump's private anonymous memory into shared,
+// immutable files on a tmpfs, so that every restore of the dump maps those
+// files MAP_PRIVATE: the page cache is shared by all copies and the kernel
+// copies a page only when a copy writes it. It also keeps the family store:
+// where the files live, who references them, and when they may be freed.
+//
+// # The rewrite
+//
+// [Store.Rewrite] reads inventory, pstree, files, mm, pagemap and pages
+// images (package criuimg). Every VMA that is private anonymous and holds
+// pages becomes a private mapping of a region of a new memory file; its
+// pages leave the image. These stay as they are: the stack (recognised by
+// MAP_GROWSDOWN: CRIU refuses a growsdown file mapping and the status bits
+// do not mark it), vdso, vvar, vsyscall, AIO rings, SysV/memfd/shadow-stack
+// areas, hugetlb areas, VMAs with MADV_WIPEONFORK (EINVAL on a file mapping)
+// and VMAs without pages (guard pages, PROT_NONE reservations).
+//
+// The converted VMA records the file as CRIU's checks demand: a reg-file
+// entry with the path under RewriteOptions.MapDir, and the exact size and
+// mode the file has on disk (0400, never touched again). In a dump that has
+// its own mount namespace the entry carries the mnt_id of the mount that
+// holds MapDir (CRIU opens the path relative to that mount's root).
+//
+// # Layout: one slot per VMA
+//
+// One memory file per rewrite, shared by the whole process tree. Each
+// converted VMA owns a slot of SlotSize (1 TiB) bytes: its pages at the
+// start of the slot, holes after them. Consequences:
+//   - mremap growth of a VMA (in place or moved) reads the slot's holes:
+//     zeros, as it would for anonymous memory; no SIGBUS either, since the
+//     file is as long as all its slots.
+//   - No two VMAs map adjacent file offsets, so the kernel never merges two
+//     of them into one VMA whose growth would expose the neighbour's bytes
+//     (FACTS #7, the bug of the hand-made layout).
+//   - Holes cost nothing until touched. A read of a hole inside a VMA (a
+//     page the process never touched) allocates a page in the file (shmem
+//     semantics), charged to the copy that touched it; pages that were in the
+//     dump are never holes. Only what a copy touches beyond the dumped pages
+//     costs memory, exactly as with anonymous memory.
+//
+// Within a VMA that the kernel had already merged from two allocations
+// before the dump, the boundary is invisible: an mremap growth of the first
+// allocation (which moves it) reads the second one's bytes where anonymous
+// memory would read zeros. Programs do not rely on that (realloc does not
+// zero), but an allocator that does would see stale bytes.
+//
+// # Process trees
+//
+// Tasks are handled parents first. A child's VMA that ends where its
+// parent's converted VMA ends (and starts inside it) is compared page by
+// page with what the parent's region shows; if at most RebaseRatio of the
+// compared pages differ, the child maps the parent's region and keeps only
+// the differing pages in the image (pages it lacks but the region has are
+// kept as zero pages). Otherwise it gets its own slot. CRIU's own
+// copy-on-write between parent and child still works: the child's VMA has
+// the parent's file id and offset, which is what CRIU's check_cow_vmas
+// matches.
+//
+// CRIU's check ignores the file offset, and a dump of a restored copy gives
+// one file id to every mapping of a memory file. So a child VMA that maps a
+// different region at the same addresses as its parent's VMA would be
+// restored with the parent's contents; the rewrite gives such a VMA a file
+// id of its own (a clone of the files.img entry).
+//
+// # Forks of forks
+//
+// Dumping a restored copy writes only its copy-on-write pages for the file
+// mappings (CRIU skips page-cache pages). The rewrite of such a dump leaves
+// those pages in the image as a delta on top of the same files: a VMA maps
+// exactly one file range, so moving a delta into a file of its own would mean
+// copying the whole region anyway, while CRIU restores a small delta in
+// microseconds. New anonymous memory of the copy is converted into a new
+// file as usual. When the delta exceeds RebaseRatio (default 1/4) of the data
+// pages the snapshot maps from files, the snapshot is rebased: every file
+// mapping is rewritten into fresh slots (file data plus delta), and the old
+// files are no longer referenced by it. SnapshotInfo.Parent names the newest
+// file a delta sits on.
+//
+// # Atomicity
+//
+// The memory file is written under a temporary name (.tmp-*, flocked by its
+// writer) and renamed into place only at commit. The new image is built in a
+// staging directory beside imageDir (unchanged files hard linked), including
+// lazyfork.json, then swapped with imageDir by one renameat2(RENAME_EXCHANGE):
+// whatever moment a rewrite dies at, imageDir is either the old image, intact,
+// or the whole snapshot. Leftovers (a staging directory, a .tmp file whose
+// writer is gone, a holder whose image has no lazyfork.json) are removed by
+// the next rewrite of that directory and by GC.
+//
+// # The store and references
+//
+// Files live in <root>/<family>/; references in <root>/.state/<family>/refs,
+// one small JSON file per holder listing the files it pins, changed under an
+// flock of the family. A file is freed (by Unref or GC) only when no live
+// holder lists it and no process maps it (GC scans /proc/*/maps for the
+// file's device and inode, so even a copy nobody registered pins its files:
+// unlinking a file under a running copy would make its next dump fail,
+// FACTS #3). Holders:
+//   - "snapshot:<imageDir>": alive while imageDir/lazyfork.json names the
+//     family (the default holder of a rewrite);
+//   - "pid:<pid>": alive while that process lives (its start time is
+//     recorded, so a recycled PID does not count);
+//   - anything else (e.g. "container:<ns>/<id>"): alive until Unref.
+//
+// # Not supported
+//
+// Incremental (pre-dump, parent images) and lazy-pages dumps: pages outside
+// the image are an ErrNotImplemented error. Allocators that count on
+// MADV_DONTNEED zeroing memory (jemalloc): in a copy, MADV_DONTNEED on a
+// private file mapping brings back the file's bytes, not zeros (see
+// package memfile/madvguard for the fix).
+package memfile
