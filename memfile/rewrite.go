@@ -477,28 +477,51 @@ func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
 	if err := markData(rw.mem, regOff, n, check); err != nil {
 		return false, err
 	}
+	var total uint64
+	for _, c := range check {
+		if c {
+			total++
+		}
+	}
+	limit := rw.ratio * float64(total)
 	mine := contentOf(p, nil, 0)
-	theirs := contentOf(pp, rw.mem, pp.regOff)
 	var kept []run
 	var checked, differ uint64
-	a, b := make([]byte, pageSize), make([]byte, pageSize)
-	for i := uint64(0); i < n; i++ {
+	const stretch = 256 // pages compared per read
+	a, b := make([]byte, stretch*pageSize), make([]byte, stretch*pageSize)
+	for i := uint64(0); i < n; {
 		if !check[i] {
+			i++
 			continue
 		}
-		checked++
+		j := i + 1
+		for j < n && j-i < stretch && check[j] {
+			j++
+		}
 		va := p.e.GetStart() + i*pageSize
-		srcA, err := mine(va, a)
-		if err != nil {
+		sz := (j - i) * pageSize
+		if err := fillRange(p, nil, 0, va, a[:sz]); err != nil {
 			return false, err
 		}
-		if _, err := theirs(va, b); err != nil {
+		if err := fillRange(pp, rw.mem, pp.regOff, va, b[:sz]); err != nil {
 			return false, err
 		}
-		if !bytes.Equal(a, b) {
+		for k := uint64(0); k < j-i; k++ {
+			checked++
+			if bytes.Equal(a[k*pageSize:(k+1)*pageSize], b[k*pageSize:(k+1)*pageSize]) {
+				continue
+			}
 			differ++
-			kept = appendRun(kept, srcA)
+			if float64(differ) > limit {
+				return false, nil // too different: p gets its own slot
+			}
+			src, err := mine(va+k*pageSize, nil)
+			if err != nil {
+				return false, err
+			}
+			kept = appendRun(kept, src)
 		}
+		i = j
 	}
 	if differ > 0 && float64(differ) > rw.ratio*float64(checked) {
 		return false, nil
@@ -566,6 +589,9 @@ func contentOf(p *vmaPlan, mem *os.File, regOff int64) func(va uint64, buf []byt
 			src = run{vaddr: va, n: 1, kind: srcZero}
 		}
 		src.flags = criuimg.PEPresent
+		if buf == nil {
+			return src, nil
+		}
 		if src.kind == srcZero {
 			clear(buf)
 			return src, nil
@@ -577,6 +603,60 @@ func contentOf(p *vmaPlan, mem *os.File, regOff int64) func(va uint64, buf []byt
 		clear(buf[m:]) // past the end of the file: a hole, zeros
 		return src, nil
 	}
+}
+
+// fillRange fills buf with what VMA p shows from address va on: its region
+// (mem at regOff, when it maps one) or its base, with its own pages on top.
+func fillRange(p *vmaPlan, mem *os.File, regOff int64, va uint64, buf []byte) error {
+	over := p.overlay
+	var base *os.File
+	var baseOff int64
+	switch {
+	case mem != nil:
+		over, base, baseOff = p.kept, mem, regOff+int64(va-p.e.GetStart())
+	case p.kind == vmaFamily:
+		base, baseOff = p.base, p.baseOff+int64(va-p.e.GetStart())
+	}
+	if err := readFull(base, baseOff, buf); err != nil {
+		return err
+	}
+	end := va + uint64(len(buf))
+	i, _ := slices.BinarySearchFunc(over, va, func(r run, va uint64) int {
+		if r.end() <= va {
+			return -1
+		}
+		return 1
+	})
+	for ; i < len(over) && over[i].vaddr < end; i++ {
+		r := over[i].slice(va, end)
+		if r.n == 0 {
+			continue
+		}
+		dst := buf[r.vaddr-va : r.vaddr-va+r.n*pageSize]
+		if r.kind == srcZero {
+			clear(dst)
+			continue
+		}
+		if err := readFull(r.f, r.off, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readFull reads len(buf) bytes at off; past the end of the file (a hole)
+// reads zeros; a nil file is all zeros.
+func readFull(f *os.File, off int64, buf []byte) error {
+	if f == nil {
+		clear(buf)
+		return nil
+	}
+	m, err := f.ReadAt(buf, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	clear(buf[m:])
+	return nil
 }
 
 func randHex(n int) string {
