@@ -88,7 +88,8 @@ func (c *copier) sendfile(dst *os.File, doff int64, src *os.File, soff int64, n 
 	return done, nil
 }
 
-const bufSize = 8 << 20
+// bufSize: 1 MiB stays in cache; 8 MiB measured slower here.
+const bufSize = 1 << 20
 
 func (c *copier) readWrite(dst *os.File, doff int64, src *os.File, soff int64, n int64) (int64, error) {
 	if c.buf == nil {

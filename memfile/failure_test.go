@@ -22,7 +22,7 @@ import (
 )
 
 // treeHash fingerprints every file of a directory (names, modes, contents).
-func treeHash(t *testing.T, dir string) string {
+func treeHash(t testing.TB, dir string) string {
 	t.Helper()
 	h := sha256.New()
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -47,7 +47,7 @@ func treeHash(t *testing.T, dir string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func copyDir(t *testing.T, src, dst string) {
+func copyDir(t testing.TB, src, dst string) {
 	t.Helper()
 	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v %s", err, out)
@@ -55,7 +55,7 @@ func copyDir(t *testing.T, src, dst string) {
 }
 
 // familyFiles lists the family directory.
-func familyFiles(t *testing.T, dir string) []string {
+func familyFiles(t testing.TB, dir string) []string {
 	ents, _ := os.ReadDir(dir)
 	var out []string
 	for _, e := range ents {

@@ -21,7 +21,7 @@ import (
 // env is a test's private world: a tmpfs-backed store, the memtest program,
 // and a control directory for its reports.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	tmp    string
 	store  *memfile.Store
 	family string
@@ -31,7 +31,7 @@ type env struct {
 	seq    int
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	testutil.RequiresCRIU(t)
 	cc := testutil.RequiresBinary(t, "gcc")
@@ -186,7 +186,7 @@ func kill(root int) {
 	}
 }
 
-func rssAnon(t *testing.T, pid int) int64 {
+func rssAnon(t testing.TB, pid int) int64 {
 	t.Helper()
 	m, err := criurun.ProcMem(pid)
 	if err != nil {

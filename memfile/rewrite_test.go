@@ -79,7 +79,7 @@ func TestRewriteRestore(t *testing.T) {
 	}
 }
 
-func checkNoAnonPages(t *testing.T, dir string) {
+func checkNoAnonPages(t testing.TB, dir string) {
 	t.Helper()
 	tree, err := criuimg.ReadPstree(dir)
 	if err != nil {
