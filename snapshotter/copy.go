@@ -31,12 +31,25 @@ type CopyStats struct {
 // nodes (whiteouts are 0/0 character devices), hard links among the copied
 // files, and holes. File data is reflinked where the filesystem can
 // (btrfs, xfs), else copied in the kernel with copy_file_range.
-func CopyLayer(ctx context.Context, dst, src string) (CopyStats, error) {
+func CopyLayer(ctx context.Context, dst, src string, opts ...CopyOption) (CopyStats, error) {
 	start := time.Now()
 	c := layerCopier{ctx: ctx, links: map[fileID]string{}}
+	for _, o := range opts {
+		o(&c)
+	}
 	err := c.copy(dst, src)
 	c.stats.Duration = time.Since(start)
 	return c.stats, err
+}
+
+// CopyOption changes CopyLayer.
+type CopyOption func(*layerCopier)
+
+// WithPlainCopy copies the data with read and write, as a copy in user
+// space does (for comparisons): no reflink, and no copy_file_range, which
+// XFS and btrfs turn into a reflink too.
+func WithPlainCopy() CopyOption {
+	return func(c *layerCopier) { c.noReflink, c.plain = true, true }
 }
 
 func copyLayer(ctx context.Context, dst, src string) error {
@@ -53,6 +66,7 @@ type layerCopier struct {
 	// noReflink remembers that the filesystem refused a clone, so the
 	// remaining files skip the attempt.
 	noReflink bool
+	plain     bool
 	buf       []byte
 }
 
@@ -268,6 +282,9 @@ func (c *layerCopier) copyData(out, in *os.File, size int64) error {
 }
 
 func (c *layerCopier) copyRange(out, in *os.File, off, n int64) error {
+	if c.plain {
+		return c.readWrite(out, in, off, n)
+	}
 	for n > 0 {
 		roff, woff := off, off
 		w, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(min(n, 1<<30)), 0)

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ import (
 )
 
 type result struct {
+	FS          string // filesystem of the snapshotter root
 	SizeBytes   int64
 	Method      string // "frozen-layer" or "copy-per-fork"
 	Mechanism   string // how data moved: reflink, copy_file_range, none
@@ -36,7 +38,8 @@ type result struct {
 	FreezeSec   float64 // one-off, under the parent's freeze
 	PrepareSec  float64 // mean per fork, after the freeze
 	PerForkSec  float64 // (freeze + all prepares) / forks
-	DiskBytes   int64   // disk taken by the forks' layers (frozen layer included)
+	DiskBytes   int64   // blocks of the forks' layers (frozen layer included), as du counts them
+	FSUsedDelta int64   // growth of the filesystem's used space: shared reflinked extents count once
 	ParentPause float64 // time the parent must stay frozen
 }
 
@@ -45,6 +48,7 @@ func main() {
 	forks := flag.Int("forks", 10, "forks per size")
 	dir := flag.String("dir", "/var/tmp", "directory on the filesystem to measure (the snapshotter root's)")
 	out := flag.String("out", "bench/results", "directory for snapshotter.csv and snapshotter.png")
+	xfs := flag.Bool("xfs", true, "also measure on a loop-mounted XFS with reflinks (needs mkfs.xfs)")
 	flag.Parse()
 
 	sizes, err := parseSizes(*sizesFlag)
@@ -53,12 +57,32 @@ func main() {
 	}
 	ctx := namespaces.WithNamespace(context.Background(), "bench")
 	var results []result
-	for _, size := range sizes {
-		r, err := runSize(ctx, *dir, size, *forks)
-		if err != nil {
-			fatal(fmt.Errorf("%s: %w", human(size), err))
+	runAll := func(dir string) error {
+		for _, size := range sizes {
+			r, err := runSize(ctx, dir, size, *forks)
+			if err != nil {
+				return fmt.Errorf("%s on %s: %w", human(size), dir, err)
+			}
+			results = append(results, r...)
 		}
-		results = append(results, r...)
+		return nil
+	}
+	if err := runAll(*dir); err != nil {
+		fatal(err)
+	}
+	if *xfs {
+		if _, err := exec.LookPath("mkfs.xfs"); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/snapshotter: no mkfs.xfs (apt-get install xfsprogs): skipping the reflink runs")
+		} else {
+			var largest int64
+			for _, sz := range sizes {
+				largest = max(largest, sz)
+			}
+			// Parent + frozen layer + one real copy per fork, plus slack.
+			if err := withXFS(*dir, largest*int64(*forks+3)+(1<<30), runAll); err != nil {
+				fatal(err)
+			}
+		}
 	}
 	printTable(os.Stdout, results)
 	if err := os.MkdirAll(*out, 0o755); err != nil {
@@ -193,6 +217,7 @@ func runSize(ctx context.Context, dir string, size int64, forks int) ([]result, 
 
 	// Frozen layer: one copy under the freeze, then O(1) per fork.
 	sync()
+	used0 := usedBytes(root)
 	t0 := time.Now()
 	if _, err := s.Freeze(ctx, "parent", "frozen"); err != nil {
 		return nil, err
@@ -210,6 +235,8 @@ func runSize(ctx context.Context, dir string, size int64, forks int) ([]result, 
 		}
 	}
 	prep := time.Since(t1)
+	sync()
+	lazyDelta := usedBytes(root) - used0
 	frozenUpper, err := committedDir(ctx, s, "frozen")
 	if err != nil {
 		return nil, err
@@ -226,12 +253,14 @@ func runSize(ctx context.Context, dir string, size int64, forks int) ([]result, 
 	if err != nil {
 		return nil, err
 	}
+	fsName := fsType(root)
 	lazy := result{
-		SizeBytes: size, Method: "frozen-layer", Mechanism: mech, Forks: forks,
+		FS: fsName, SizeBytes: size, Method: "frozen-layer", Mechanism: mech, Forks: forks,
 		FreezeSec:   freeze.Seconds(),
 		PrepareSec:  prep.Seconds() / float64(forks),
 		PerForkSec:  (freeze + prep).Seconds() / float64(forks),
 		DiskBytes:   frozenDisk,
+		FSUsedDelta: lazyDelta,
 		ParentPause: freeze.Seconds(),
 	}
 	for i := range forks {
@@ -247,6 +276,7 @@ func runSize(ctx context.Context, dir string, size int64, forks int) ([]result, 
 	// (the parent frozen for all of them, or its layer would move under
 	// the later copies).
 	sync()
+	used1 := usedBytes(root)
 	dirs = dirs[:0]
 	t2 := time.Now()
 	var copyMech string
@@ -259,34 +289,49 @@ func runSize(ctx context.Context, dir string, size int64, forks int) ([]result, 
 		if err != nil {
 			return nil, err
 		}
-		st, err := snapshotter.CopyLayer(ctx, u, parentUpper)
+		// A real copy even where reflinks exist: what a restore that
+		// unpacks the checkpoint's rootfs diff into each fork writes.
+		st, err := snapshotter.CopyLayer(ctx, u, parentUpper, snapshotter.WithPlainCopy())
 		if err != nil {
 			return nil, err
 		}
-		copyMech = "copy_file_range"
+		copyMech = "read/write"
 		if st.Reflinked > 0 {
 			copyMech = "reflink"
 		}
 		dirs = append(dirs, u)
 	}
 	copies := time.Since(t2)
+	sync()
+	copyDelta := usedBytes(root) - used1
 	copyDisk, err := du(ctx, dirs...)
 	if err != nil {
 		return nil, err
 	}
 	base := result{
-		SizeBytes: size, Method: "copy-per-fork", Mechanism: copyMech, Forks: forks,
+		FS: fsName, SizeBytes: size, Method: "copy-per-fork", Mechanism: copyMech, Forks: forks,
 		PrepareSec:  copies.Seconds() / float64(forks),
 		PerForkSec:  copies.Seconds() / float64(forks),
 		DiskBytes:   copyDisk,
+		FSUsedDelta: copyDelta,
 		ParentPause: copies.Seconds(),
 	}
 	return []result{lazy, base}, nil
 }
 
+// usedBytes is the used space of dir's filesystem (noisy on a shared one).
+func usedBytes(dir string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize
+}
+
 // sync flushes earlier writes so that one measurement's writeback does not
 // land in the next.
 func sync() {
+	unix.Sync()
 	if f, err := os.Open("/"); err == nil {
 		_ = unix.Syncfs(int(f.Fd()))
 		f.Close()
@@ -329,15 +374,18 @@ func committedDir(ctx context.Context, s *snapshotter.Snapshotter, name string) 
 
 func printTable(w io.Writer, rs []result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "upper\tmethod\tdata moved by\tforks\tfreeze (s)\tprepare/fork (s)\ttotal/fork (s)\tparent frozen (s)\tdisk for forks\t")
+	fmt.Fprintln(tw, "fs\tupper\tmethod\tdata moved by\tforks\tfreeze (s)\tprepare/fork (s)\ttotal/fork (s)\tparent frozen (s)\tdu of forks\tfs used +\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.4f\t%.6f\t%.4f\t%.4f\t%s\t\n", human(r.SizeBytes), r.Method, r.Mechanism, r.Forks,
-			r.FreezeSec, r.PrepareSec, r.PerForkSec, r.ParentPause, humanBytes(r.DiskBytes))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.4f\t%.6f\t%.4f\t%.4f\t%s\t%s\t\n", r.FS, human(r.SizeBytes), r.Method, r.Mechanism, r.Forks,
+			r.FreezeSec, r.PrepareSec, r.PerForkSec, r.ParentPause, humanBytes(r.DiskBytes), humanBytes(r.FSUsedDelta))
 	}
 	tw.Flush()
 }
 
 func humanBytes(n int64) string {
+	if n < 0 {
+		return "-" + humanBytes(-n)
+	}
 	switch {
 	case n >= 1<<30:
 		return fmt.Sprintf("%.2f GB", float64(n)/(1<<30))
@@ -355,12 +403,12 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"upper_bytes", "method", "mechanism", "forks", "freeze_s", "prepare_per_fork_s", "total_per_fork_s", "parent_frozen_s", "disk_bytes"})
+	w.Write([]string{"fs", "upper_bytes", "method", "mechanism", "forks", "freeze_s", "prepare_per_fork_s", "total_per_fork_s", "parent_frozen_s", "du_bytes", "fs_used_delta_bytes"})
 	for _, r := range rs {
 		w.Write([]string{
-			strconv.FormatInt(r.SizeBytes, 10), r.Method, r.Mechanism, strconv.Itoa(r.Forks),
+			r.FS, strconv.FormatInt(r.SizeBytes, 10), r.Method, r.Mechanism, strconv.Itoa(r.Forks),
 			fmt.Sprintf("%.6f", r.FreezeSec), fmt.Sprintf("%.6f", r.PrepareSec), fmt.Sprintf("%.6f", r.PerForkSec),
-			fmt.Sprintf("%.6f", r.ParentPause), strconv.FormatInt(r.DiskBytes, 10),
+			fmt.Sprintf("%.6f", r.ParentPause), strconv.FormatInt(r.DiskBytes, 10), strconv.FormatInt(r.FSUsedDelta, 10),
 		})
 	}
 	w.Flush()
@@ -372,4 +420,58 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+func fsType(dir string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return "unknown"
+	}
+	switch st.Type {
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	}
+	return fmt.Sprintf("0x%x", st.Type)
+}
+
+// withXFS runs fn on a fresh XFS (reflink=1) loop-mounted from a sparse
+// image file under dir, and removes it all afterwards.
+func withXFS(dir string, size int64, fn func(string) error) (err error) {
+	work, err := os.MkdirTemp(dir, "lazyfork-bench-xfs-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	img := filepath.Join(work, "xfs.img")
+	f, err := os.Create(img)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	if out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.xfs: %v: %s", err, out)
+	}
+	mnt := filepath.Join(work, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return err
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		return fmt.Errorf("mount %s: %v: %s", img, err, out)
+	}
+	defer func() {
+		if out, uerr := exec.Command("umount", "-d", mnt).CombinedOutput(); uerr != nil && err == nil {
+			err = fmt.Errorf("umount %s: %v: %s", mnt, uerr, out)
+		}
+	}()
+	return fn(mnt)
 }
