@@ -128,6 +128,7 @@ func TestGuardThroughCRIU(t *testing.T) {
 			if ok, err := madvguard.Installed(img); err != nil || ok {
 				t.Fatalf("Installed before Apply = %v, %v", ok, err)
 			}
+			checkStagingSafe(t, img, ranges)
 			if err := madvguard.Apply(img, ranges); err != nil {
 				t.Fatal(err)
 			}
@@ -307,5 +308,36 @@ func TestZeroModeThroughCRIU(t *testing.T) {
 	expect(t, "copy of the copy", probeLine(t, grandOut, 1), unsupervised)
 	if err := sup.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkStagingSafe applies the guard to a hard-linked copy of img (as a
+// rewrite's staging directory is) and checks that img is untouched.
+func checkStagingSafe(t *testing.T, img string, ranges map[int][]madvguard.Range) {
+	t.Helper()
+	linked := img + ".linked"
+	if err := os.Mkdir(linked, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(linked)
+	ents, _ := os.ReadDir(img)
+	before := map[string]string{}
+	for _, e := range ents {
+		b, _ := os.ReadFile(filepath.Join(img, e.Name()))
+		before[e.Name()] = string(b)
+		if err := os.Link(filepath.Join(img, e.Name()), filepath.Join(linked, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := madvguard.Apply(linked, ranges); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := madvguard.Installed(linked); !ok {
+		t.Fatal("no guard in the linked copy")
+	}
+	for name, b := range before {
+		if now, _ := os.ReadFile(filepath.Join(img, name)); string(now) != b {
+			t.Errorf("Apply on a hard-linked copy changed the original %s", name)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package madvguard
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,20 +11,12 @@ import (
 	"sort"
 
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/seccomp"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
-)
 
-// CRIU image magics (criu/include/magic.h).
-const (
-	magicCommon  = 0x54564319
-	magicService = 0x55105940
-	magicPstree  = 0x50273030
-	magicCore    = 0x55053847
-	magicSeccomp = 0x64413049
+	"github.com/lazyfork/lazyfork/criuimg"
 )
 
 // CRIU task states (compel/include/uapi/task-state.h).
@@ -34,52 +25,14 @@ const (
 	taskStopped = 3
 )
 
-// image is one CRIU image file: its magic header kept verbatim, then
-// length-prefixed protobuf entries.
-type image struct {
-	head    []byte
-	entries [][]byte
-}
-
-func readImage(path string, want uint32) (*image, error) {
-	b, err := os.ReadFile(path)
+// writeImage replaces path with img, never in place: a staging copy of an
+// image may share the old file's inode with the original (hard links).
+func writeImage(path string, img *criuimg.Image) error {
+	data, err := img.Bytes()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if len(b) < 4 {
-		return nil, fmt.Errorf("%s: too short for a CRIU image: %w", path, errdefs.ErrInvalidArgument)
-	}
-	n := 4
-	if m := binary.LittleEndian.Uint32(b); m == magicCommon || m == magicService {
-		n = 8
-	}
-	if len(b) < n || binary.LittleEndian.Uint32(b[n-4:]) != want {
-		return nil, fmt.Errorf("%s: not the expected CRIU image (magic %#x): %w", path, want, errdefs.ErrInvalidArgument)
-	}
-	img := &image{head: slices.Clone(b[:n])}
-	for p := n; p < len(b); {
-		if len(b)-p < 4 {
-			return nil, fmt.Errorf("%s: truncated entry header at %d: %w", path, p, errdefs.ErrInvalidArgument)
-		}
-		l := int(binary.LittleEndian.Uint32(b[p:]))
-		p += 4
-		if l > len(b)-p {
-			return nil, fmt.Errorf("%s: entry at %d runs past the end: %w", path, p-4, errdefs.ErrInvalidArgument)
-		}
-		img.entries = append(img.entries, b[p:p+l])
-		p += l
-	}
-	return img, nil
-}
-
-func (img *image) bytes() []byte {
-	var buf bytes.Buffer
-	buf.Write(img.head)
-	for _, e := range img.entries {
-		buf.Write(binary.LittleEndian.AppendUint32(nil, uint32(len(e))))
-		buf.Write(e)
-	}
-	return buf.Bytes()
+	return writeAtomic(path, data)
 }
 
 // writeAtomic replaces path with data (temp file, fsync, rename), keeping
@@ -113,14 +66,12 @@ func writeAtomic(path string, data []byte) error {
 	return os.Rename(tmp, path)
 }
 
-var marshal = proto.MarshalOptions{Deterministic: true}
-
 // process is one live process of the image with its threads' cores.
 type process struct {
 	pid     int
 	tids    []int
 	cores   []*criucore.CoreEntry
-	imgs    []*image // core image of each thread (one entry)
+	imgs    []*criuimg.Image // core image of each thread (one entry)
 	changed []bool
 }
 
@@ -133,23 +84,19 @@ type imageState struct {
 	dir   string
 	procs []*process
 	secc  *seccomp.SeccompEntry
-	sImg  *image // nil when the dump has no seccomp.img
+	sImg  *criuimg.Image // nil when the dump has no seccomp.img
 }
 
 func load(dir string) (*imageState, error) {
 	st := &imageState{dir: dir}
-	pimg, err := readImage(filepath.Join(dir, "pstree.img"), magicPstree)
+	entries, err := criuimg.ReadPstree(dir)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil, fmt.Errorf("%s is not a CRIU image directory (no pstree.img): %w", dir, errdefs.ErrNotFound)
 		}
-		return nil, err
+		return nil, fmt.Errorf("madvguard: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	for _, e := range pimg.entries {
-		var pe pstree.PstreeEntry
-		if err := proto.Unmarshal(e, &pe); err != nil {
-			return nil, fmt.Errorf("pstree.img: %v: %w", err, errdefs.ErrInvalidArgument)
-		}
+	for _, pe := range entries {
 		p := &process{pid: int(pe.GetPid())}
 		for _, t := range pe.GetThreads() {
 			p.tids = append(p.tids, int(t))
@@ -159,18 +106,15 @@ func load(dir string) (*imageState, error) {
 		}
 		live := true
 		for _, tid := range p.tids {
-			path := filepath.Join(dir, fmt.Sprintf("core-%d.img", tid))
-			cimg, err := readImage(path, magicCore)
+			path := criuimg.CorePath(dir, uint32(tid))
+			cimg, err := criuimg.ReadImage(path, criuimg.MagicCore, criuimg.Of(&criucore.CoreEntry{}))
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("madvguard: %v: %w", err, errdefs.ErrInvalidArgument)
 			}
-			if len(cimg.entries) != 1 {
-				return nil, fmt.Errorf("%s: %d entries, want 1: %w", path, len(cimg.entries), errdefs.ErrInvalidArgument)
+			if len(cimg.Entries) != 1 {
+				return nil, fmt.Errorf("%s: %d entries, want 1: %w", path, len(cimg.Entries), errdefs.ErrInvalidArgument)
 			}
-			core := &criucore.CoreEntry{}
-			if err := proto.Unmarshal(cimg.entries[0], core); err != nil {
-				return nil, fmt.Errorf("%s: %v: %w", path, err, errdefs.ErrInvalidArgument)
-			}
+			core := cimg.Entries[0].(*criucore.CoreEntry)
 			if tid == p.pid {
 				if s := core.GetTc().GetTaskState(); s != taskAlive && s != taskStopped {
 					live = false // zombies and helpers restore no seccomp state
@@ -191,21 +135,19 @@ func load(dir string) (*imageState, error) {
 			st.procs = append(st.procs, p)
 		}
 	}
-	simg, err := readImage(filepath.Join(dir, "seccomp.img"), magicSeccomp)
+	simg, err := criuimg.ReadImage(filepath.Join(dir, "seccomp.img"), criuimg.MagicSeccomp, criuimg.Of(&seccomp.SeccompEntry{}))
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, errdefs.ErrNotFound):
 		st.secc = &seccomp.SeccompEntry{}
 	case err != nil:
-		return nil, err
-	case len(simg.entries) > 1:
-		return nil, fmt.Errorf("seccomp.img: %d entries, want at most 1: %w", len(simg.entries), errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("madvguard: %v: %w", err, errdefs.ErrInvalidArgument)
+	case len(simg.Entries) > 1:
+		return nil, fmt.Errorf("seccomp.img: %d entries, want at most 1: %w", len(simg.Entries), errdefs.ErrInvalidArgument)
 	default:
 		st.sImg = simg
 		st.secc = &seccomp.SeccompEntry{}
-		if len(simg.entries) == 1 {
-			if err := proto.Unmarshal(simg.entries[0], st.secc); err != nil {
-				return nil, fmt.Errorf("seccomp.img: %v: %w", err, errdefs.ErrInvalidArgument)
-			}
+		if len(simg.Entries) == 1 {
+			st.secc = simg.Entries[0].(*seccomp.SeccompEntry)
 		}
 	}
 	return st, nil
@@ -402,16 +344,12 @@ func ApplyMode(imageDir string, ranges map[int][]Range, mode Mode) error {
 	}
 
 	if grown {
-		b, err := marshal.Marshal(&seccomp.SeccompEntry{SeccompFilters: filters})
-		if err != nil {
-			return fmt.Errorf("seccomp.img: %w", err)
-		}
 		simg := st.sImg
 		if simg == nil {
-			simg = &image{head: binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, magicCommon), magicSeccomp)}
+			simg = &criuimg.Image{Head: criuimg.MagicCommon, Magic: criuimg.MagicSeccomp}
 		}
-		simg.entries = [][]byte{b}
-		if err := writeAtomic(filepath.Join(imageDir, "seccomp.img"), simg.bytes()); err != nil {
+		simg.Entries = []proto.Message{&seccomp.SeccompEntry{SeccompFilters: filters}}
+		if err := writeImage(filepath.Join(imageDir, "seccomp.img"), simg); err != nil {
 			return fmt.Errorf("madvguard: write seccomp.img: %w", err)
 		}
 	}
@@ -420,12 +358,8 @@ func ApplyMode(imageDir string, ranges map[int][]Range, mode Mode) error {
 			if !p.changed[i] {
 				continue
 			}
-			b, err := marshal.Marshal(core)
-			if err != nil {
-				return fmt.Errorf("core-%d.img: %w", p.tids[i], err)
-			}
-			p.imgs[i].entries = [][]byte{b}
-			if err := writeAtomic(filepath.Join(imageDir, fmt.Sprintf("core-%d.img", p.tids[i])), p.imgs[i].bytes()); err != nil {
+			p.imgs[i].Entries = []proto.Message{core}
+			if err := writeImage(criuimg.CorePath(imageDir, uint32(p.tids[i])), p.imgs[i]); err != nil {
 				return fmt.Errorf("madvguard: write core-%d.img: %w", p.tids[i], err)
 			}
 		}
