@@ -7,33 +7,51 @@
 // madvise(MADV_DONTNEED) there drops the copy's private pages and brings back
 // the file's bytes, not zeros, and MADV_FREE fails. jemalloc marks a purged
 // extent as zeroed when the purge succeeds, so calloc hands out stale bytes
-// (29-40 % of callocs in FACTS.md). If the purge fails, jemalloc memsets.
+// (about 30 % of callocs, from the first second). If the purge fails,
+// jemalloc memsets.
 //
 // # What
 //
-// Apply adds to a CRIU image a classic BPF seccomp filter (SECCOMP_RET_ERRNO
-// with EINVAL) for madvise with advice MADV_DONTNEED (4), MADV_FREE (8) or
-// MADV_DONTNEED_LOCKED (24) whose [addr, addr+len) intersects one of the
-// process's rewritten ranges. CRIU restores seccomp filters from seccomp.img
-// and the per-thread core images, so only restored copies carry the filter:
-// the original keeps purging. The container's own filters are kept; ours is
-// added on top, on every thread. A guard already in the image (a copy of a
-// copy was dumped) is replaced, never stacked: each generation holds exactly
-// one.
+// ApplyMode adds to a CRIU image a classic BPF seccomp filter for madvise
+// with advice MADV_DONTNEED (4), MADV_FREE (8) or MADV_DONTNEED_LOCKED (24)
+// whose [addr, addr+len) intersects one of the process's guarded ranges.
+// CRIU restores seccomp filters from seccomp.img and the per-thread core
+// images, so only restored copies carry the filter: the original keeps
+// purging. The container's own filters are kept; ours is added on top, on
+// every thread (in CRIU's TSYNC form when the image uses it). A guard
+// already in the image (a copy of a copy was dumped) is recognised by the
+// magic of its first instruction and replaced, never stacked: each
+// generation holds exactly one.
 //
-// # Cost
+// # Modes
 //
-// A madvise call with another advice or outside the ranges pays a few BPF
-// instructions per range; the ranges are merged (Compact) to at most
-// MaxRanges. Memory a copy frees inside the ranges stays resident (it is
-// memset instead of dropped).
+// Refuse: the call fails with EINVAL. jemalloc memsets instead; glibc and
+// mimalloc ignore the failure. Memory a copy frees inside the ranges stays
+// resident.
+//
+// Zero: the call stops for a ptrace Supervisor (SECCOMP_RET_TRACE), which
+// turns it into an anonymous mmap(MAP_FIXED) of the range: reads as zeros,
+// memory given back, at the price of two ptrace stops per call. Without a
+// supervisor the call fails with ENOSYS, which allocators treat like
+// Refuse, so a copy is correct whether or not one is attached. A traced
+// copy cannot be dumped: the supervisor detaches for the dump and attaches
+// again after it.
+//
+// # Ranges
+//
+// DataRanges lists, for a rewritten image, the ranges of memory-file
+// mappings that hold data (SEEK_DATA on the files; holes read as zeros
+// anyway). AnonRanges lists the anonymous ranges holding pages of a plain
+// dump. Compact merges them to at most MaxRanges (each costs 12 BPF
+// instructions on guarded calls only).
 //
 // # Crash safety
 //
-// Apply replaces files one at a time, each atomically (temp + rename), in an
+// ApplyMode replaces files only by rename (temp + fsync + rename), in an
 // order that keeps the image restorable at every step: the new seccomp.img
 // keeps every old filter at its index and appends the new chains, then each
-// core image is switched to its new chain. Apply is idempotent. For an
-// all-or-nothing result, call it on the staging copy of an image before that
-// copy is renamed into place (as memfile's Rewrite does).
+// core image is switched to its new chain. It never writes a file in place,
+// so it is safe on a staging directory hard-linked to the original, and it
+// is idempotent. For an all-or-nothing result, call it on the staging copy
+// before the copy is swapped into place (as a rewrite does).
 package madvguard
