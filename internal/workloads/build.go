@@ -88,6 +88,25 @@ func CommandWith(ctx context.Context, kind Kind, dir string, o Options) ([]strin
 	return nil, fmt.Errorf("unknown workload %q (want c, python or go): %w", kind, errdefs.ErrInvalidArgument)
 }
 
+// Env returns the environment a workload runs with: the caller's, plus for Go
+// GODEBUG=madvdontneed=0. Since Go 1.26 the runtime on Linux treats memory it gave
+// back with MADV_DONTNEED as zero when it reuses it (mheap.initSpan skips clearing
+// scavenged pages unless needZeroAfterSysUnused). In a LazyFork copy that memory is
+// a private file mapping, where MADV_DONTNEED brings back the file's bytes, not
+// zeros: fresh allocations then hold stale data. With madvdontneed=0 the runtime
+// zeroes reused memory itself (MADV_FREE fails on a file mapping, and it falls back).
+func Env(kind Kind) []string {
+	env := os.Environ()
+	if kind == Go {
+		env = append(env, GoSafeGODEBUG)
+	}
+	return env
+}
+
+// GoSafeGODEBUG is the setting a Go program needs to run correctly in LazyFork
+// copies (see Env).
+const GoSafeGODEBUG = "GODEBUG=madvdontneed=0"
+
 // BuildC compiles cheap.c with gcc into dir and returns the binary's path.
 func BuildC(ctx context.Context, dir string) (string, error) {
 	src := filepath.Join(dir, "cheap.c")

@@ -130,12 +130,13 @@ func (o Output) WaitReports(ctx context.Context, word string, n int) ([]*Report,
 	return rs, err
 }
 
+// WaitLimit bounds every wait of this package: a workload answers in well under a
+// second, so a minute means it is gone or stuck.
+const WaitLimit = time.Minute
+
 func poll(ctx context.Context, cond func() bool, what func() string) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, WaitLimit)
+	defer cancel()
 	for !cond() {
 		select {
 		case <-ctx.Done():
