@@ -1,0 +1,120 @@
+package fidelity_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/lazyfork/lazyfork/internal/workloads"
+)
+
+const copies = 10
+
+// forkTen is the core fidelity check for one workload: dump, rewrite, ten copies at
+// once; each continues, passes a full check, and does not see another's write; then
+// a copy of a copy does the same.
+func forkTen(t *testing.T, kind workloads.Kind, heapMiB int) {
+	h := newHarness(t, false)
+	parent := h.start(kind, heapMiB)
+	s, before, after := h.snap(parent, "snap1")
+	heapPages := uint64(heapMiB) << 20 / 4096
+	if s.Rewrite.PagesMoved < heapPages*9/10 {
+		t.Errorf("rewrite moved %d pages into files; the heap alone is %d", s.Rewrite.PagesMoved, heapPages)
+	}
+	if s.ImageBytes > int64(heapMiB)<<20/8 {
+		t.Errorf("image still holds %d kB after the rewrite (heap %d MiB)", s.ImageBytes>>10, heapMiB)
+	}
+
+	cs := h.restore(s, kind, copies, "copy")
+	for _, c := range cs {
+		// Right after restore, nothing of the heap has been copied into the copy.
+		// (The bound leaves room for what the workload's threads allocate meanwhile.)
+		if m := h.mem(c); m.RssAnon > int64(heapMiB)<<20/2 {
+			t.Errorf("%s: RssAnon %d kB right after restore (heap %d MiB): pages were copied", c.name, m.RssAnon>>10, heapMiB)
+		}
+	}
+	for _, c := range cs {
+		h.continues(c, before, after)
+	}
+	all := append([]*proc{parent}, cs...)
+	h.verifyAll(all, zeros(len(all)))
+
+	// A write in copy 0 is seen by copy 0 only.
+	v := h.mark(cs[0])
+	want := zeros(len(all))
+	want[1] = v
+	h.verifyAll(all, want)
+
+	// A copy of copy 0 starts from copy 0's state, marker included.
+	s2, before2, after2 := h.snap(cs[0], "snap2")
+	gcs := h.restore(s2, kind, 2, "grandcopy")
+	for _, g := range gcs {
+		h.continues(g, before2, after2)
+	}
+	h.verifyAll(gcs, []uint64{v, v})
+	w := h.mark(gcs[0])
+	h.verifyAll([]*proc{gcs[0], gcs[1], cs[0], cs[1], parent}, []uint64{w, v, v, 0, 0})
+}
+
+func TestForkTenGlibc(t *testing.T)  { forkTen(t, workloads.C, 256) }
+func TestForkTenPython(t *testing.T) { forkTen(t, workloads.Python, 64) }
+func TestForkTenGo(t *testing.T)     { forkTen(t, workloads.Go, 64) }
+
+// Nine generations of forks of forks: each generation writes a marker, is dumped,
+// and its child must see that marker and pass its check; each snapshot after the
+// first holds only the pages its generation changed.
+func TestNineGenerations(t *testing.T) {
+	h := newHarness(t, false)
+	const heapMiB = 256
+	p := h.start(workloads.C, heapMiB)
+	var first uint64
+	marker := uint64(0)
+	for gen := 1; gen <= 9; gen++ {
+		marker = h.mark(p)
+		s, before, after := h.snap(p, fmt.Sprintf("gen%d", gen))
+		r := s.Rewrite
+		if gen == 1 {
+			first = r.PagesMoved
+		} else {
+			if r.Rebased {
+				t.Errorf("gen %d: snapshot was rebased (%d pages moved vs %d shared): the delta should be small", gen, r.PagesMoved, first)
+			}
+			// Its own pages: moved into a new file, or kept in the image.
+			if own := r.PagesMoved + r.PagesKept; own > first/6 {
+				t.Errorf("gen %d: snapshot holds %d pages of its own (%d moved, %d kept); a delta should be far below the %d shared pages",
+					gen, own, r.PagesMoved, r.PagesKept, first)
+			}
+		}
+		c := h.restore(s, workloads.C, 1, fmt.Sprintf("gen%d-", gen))[0]
+		h.continues(c, before, after)
+		h.verifyAll([]*proc{c}, []uint64{marker})
+		if p.copy != nil {
+			// The previous generation may go: its snapshot keeps the files pinned.
+			if err := h.loop.Kill(p.copy); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p = c
+	}
+}
+
+// The control: each workload through plain CRIU (no rewrite) passes the same
+// checks, so a failure above is LazyFork's, not the workload's or the harness's.
+func TestPlainCRIUControl(t *testing.T) {
+	for _, kind := range workloads.Kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, true)
+			parent := h.start(kind, 16)
+			s, before, after := h.snap(parent, "plain")
+			cs := h.restore(s, kind, 2, "copy")
+			for _, c := range cs {
+				h.continues(c, before, after)
+			}
+			v := h.mark(cs[0])
+			h.verifyAll([]*proc{parent, cs[0], cs[1]}, []uint64{0, v, 0})
+			s2, before2, after2 := h.snap(cs[0], "plain2")
+			g := h.restore(s2, kind, 1, "grandcopy")[0]
+			h.continues(g, before2, after2)
+			h.verifyAll([]*proc{g}, []uint64{v})
+		})
+	}
+}
