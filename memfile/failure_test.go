@@ -133,6 +133,26 @@ func TestBadImages(t *testing.T) {
 	if treeHash(t, dir) != before {
 		t.Error("cancelled rewrite changed the image")
 	}
+	// A failing Stage hook (it sees the complete staged image) aborts cleanly.
+	famBefore := familyFiles(t, e.famDir)
+	var staged string
+	_, err := e.store.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: e.family, MapDir: e.famDir,
+		Stage: func(_ context.Context, d string) error {
+			if _, err := memfile.ReadSnapshot(d); err != nil {
+				return err
+			}
+			staged = d
+			return errdefs.ErrUnavailable
+		}})
+	if !errors.Is(err, errdefs.ErrUnavailable) || staged == "" {
+		t.Errorf("stage hook error: %v (staged %q)", err, staged)
+	}
+	if treeHash(t, dir) != before || fmt.Sprint(familyFiles(t, e.famDir)) != fmt.Sprint(famBefore) {
+		t.Error("failed stage hook changed the image or the family")
+	}
+	if _, err := os.Stat(staged); err == nil {
+		t.Error("staging directory left behind")
+	}
 	if _, err := e.store.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: "bad/name", MapDir: e.famDir}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("bad family: %v", err)
 	}
