@@ -107,7 +107,9 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 		what = fmt.Sprintf("pid %d", c.pid)
 	default:
 		args := c.cmd
+		var env []string // nil: this tool's environment
 		if c.workload != "" {
+			env = workloads.Env(c.workload)
 			if args, err = workloads.Command(ctx, c.workload, filepath.Join(work, "bin"), c.heapMiB, 100); err != nil {
 				return err
 			}
@@ -116,7 +118,7 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 			what = strconv.Quote(strings.Join(args, " "))
 		}
 		out := filepath.Join(work, "parent.out")
-		if wl, err = criurun.Start(args, criurun.StartOptions{Stdout: out}); err != nil {
+		if wl, err = criurun.Start(args, criurun.StartOptions{Stdout: out, Env: env}); err != nil {
 			return err
 		}
 		source = wl.PID
