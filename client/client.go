@@ -1,0 +1,125 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+
+	"github.com/lazyfork/lazyfork/memfile"
+)
+
+// RuntimeName is the runtime every LazyFork container runs under.
+const RuntimeName = "io.containerd.lazyfork.v1"
+
+// Labels LazyFork puts on the containers it makes.
+const (
+	LabelParent   = "lazyfork.io/parent"   // id of the container forked
+	LabelFamily   = "lazyfork.io/family"   // family: the root container and its forks
+	LabelSnapshot = "lazyfork.io/snapshot" // LazyFork snapshot the task was restored from
+)
+
+// AnnotationFamily in a fork's spec tells the shim which family (and so which
+// shim process) the container joins.
+const AnnotationFamily = "lazyfork.io/family"
+
+// DefaultRoot is LazyFork's tmpfs root, the shim's default.
+const DefaultRoot = "/run/lazyfork"
+
+// Client forks containers through a containerd client.
+type Client struct {
+	cd   *containerd.Client
+	root string
+}
+
+// Opt configures a Client.
+type Opt func(*Client)
+
+// WithRoot sets LazyFork's root (the shim's LAZYFORK_ROOT): memory files live in
+// ROOT/mem, snapshots in ROOT/snapshots.
+func WithRoot(dir string) Opt { return func(c *Client) { c.root = dir } }
+
+// New returns a LazyFork client on top of a containerd client; the caller keeps
+// ownership of cd (and its namespace in the contexts it passes).
+func New(cd *containerd.Client, opts ...Opt) *Client {
+	c := &Client{cd: cd, root: DefaultRoot}
+	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
+		c.root = v
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Containerd returns the underlying containerd client.
+func (c *Client) Containerd() *containerd.Client { return c.cd }
+
+// Root is LazyFork's root directory.
+func (c *Client) Root() string { return c.root }
+
+func (c *Client) snapshotsDir() string { return filepath.Join(c.root, "snapshots") }
+
+// RemoveSnapshot deletes a LazyFork snapshot made by Fork with KeepSnapshot (its
+// image directory, as in Result.Snapshot) and drops its reference on the
+// family's memory files. Files still mapped by a fork stay.
+func (c *Client) RemoveSnapshot(ctx context.Context, imageDir string) error {
+	imageDir = filepath.Clean(imageDir)
+	snapDir := filepath.Dir(imageDir)
+	if filepath.Dir(snapDir) != c.snapshotsDir() || filepath.Base(imageDir) != "image" {
+		return fmt.Errorf("%s is not a snapshot made by Fork under %s: %w", imageDir, c.snapshotsDir(), errdefs.ErrInvalidArgument)
+	}
+	var family string
+	if info, err := memfile.ReadSnapshot(imageDir); err == nil {
+		family = info.Family
+	} else if !errdefs.IsNotFound(err) && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read snapshot %s: %w", imageDir, err)
+	}
+	return c.removeSnapshot(family, snapDir)
+}
+
+// removeSnapshot drops the snapshot's memory-file reference (if it got one) and
+// removes its directory.
+func (c *Client) removeSnapshot(family, snapDir string) error {
+	var errs []error
+	if family != "" {
+		store, err := memfile.OpenStore(filepath.Join(c.root, "mem"))
+		if err != nil {
+			errs = append(errs, err)
+		} else if err := store.Unref(family, snapshotHolder(filepath.Join(snapDir, "image"))); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("unref snapshot: %w", err))
+		}
+	}
+	if err := os.RemoveAll(snapDir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// snapshotHolder is the reference memfile's Rewrite gives a snapshot by default.
+func snapshotHolder(imageDir string) string { return "snapshot:" + imageDir }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// forkID names a fork after its family, not its parent, so ids stay short
+// however deep the fork tree grows (containerd allows 76 characters).
+func forkID(family string) string {
+	base := family
+	if len(base) > 60 {
+		base = base[:60]
+	}
+	return strings.TrimRight(base, "-_.") + "-" + randomHex(4)
+}

@@ -1,0 +1,36 @@
+// Package client forks running containers through containerd and LazyFork's
+// shim (runtime io.containerd.lazyfork.v1).
+//
+// # A fork, step by step
+//
+//	c := client.New(containerdClient, client.WithRoot("/run/lazyfork"))
+//	res, err := c.Fork(ctx, "agent", 10)
+//
+// Then:
+//
+//  1. The parent's task is paused (cgroup freezer).
+//  2. The shim checkpoints it, leaving it running, into ROOT/snapshots/<id>/image
+//     and rewrites the image so its memory lives in the family's memory files.
+//  3. The parent's writable layer is copied aside (ROOT/snapshots/<id>/upper)
+//     while the task is still frozen, so files and memory agree.
+//  4. The parent is resumed, on every path, error or not, unless it was paused
+//     before Fork was called.
+//  5. Each fork is a new containerd container: the parent's spec with its own
+//     id and cgroups path, labels naming parent, family and snapshot, runtime
+//     io.containerd.lazyfork.v1, and a rootfs made of a fresh snapshot on the
+//     parent's image plus a copy of the frozen writable layer. Its task is
+//     restored from the snapshot directory (WithRestoreImagePath), mapping the
+//     memory files copy-on-write.
+//  6. Unless KeepSnapshot is given, the snapshot directory is removed once the
+//     forks run: the forks hold their own references on the memory files.
+//
+// A fork of a fork is the same call on a fork. A failed Fork leaves the parent
+// running and unpaused and removes every container, task, snapshot, directory
+// and memory-file reference it made.
+//
+// # Root filesystem
+//
+// Until LazyFork's snapshotter (frozen layers, O(1) per fork) is wired in, a
+// fork's rootfs costs a copy of the parent's writable layer; the parent must be
+// on an overlay-style snapshotter whose mounts name an upperdir.
+package client

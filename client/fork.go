@@ -1,0 +1,363 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	runcopts "github.com/containerd/containerd/api/types/runc/options"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+
+	"github.com/lazyfork/lazyfork/memfile"
+)
+
+// ForkOpt configures one Fork call.
+type ForkOpt func(*forkConfig)
+
+type forkConfig struct {
+	ids          []string
+	io           func(id string) cio.Creator
+	keepSnapshot bool
+	labels       map[string]string
+}
+
+// WithIDs names the forks (len(ids) must be n); by default a fork is named
+// <family>-<random>.
+func WithIDs(ids ...string) ForkOpt { return func(c *forkConfig) { c.ids = ids } }
+
+// WithIO gives each fork's task its stdio; by default forks get none (cio.NullIO).
+func WithIO(f func(id string) cio.Creator) ForkOpt { return func(c *forkConfig) { c.io = f } }
+
+// KeepSnapshot keeps the snapshot directory after the forks run (Result.Snapshot),
+// e.g. to restore more forks from it later; RemoveSnapshot deletes it.
+func KeepSnapshot() ForkOpt { return func(c *forkConfig) { c.keepSnapshot = true } }
+
+// WithLabels adds labels to every fork container.
+func WithLabels(l map[string]string) ForkOpt { return func(c *forkConfig) { c.labels = l } }
+
+// Fork is one fork made by Client.Fork: a container and its running task.
+type Fork struct {
+	Container containerd.Container
+	Task      containerd.Task
+	// Restore is this fork's task create → running time.
+	Restore time.Duration
+}
+
+// Result describes a Fork call.
+type Result struct {
+	Parent   string
+	Family   string
+	Snapshot string // image directory of the snapshot; gone unless KeepSnapshot
+	Forks    []Fork
+	// Paused is how long the parent was frozen (what its users felt).
+	Paused time.Duration
+	// Checkpoint is the shim's dump + memory-file rewrite.
+	Checkpoint time.Duration
+	// CopyUpper is the copy of the parent's writable layer.
+	CopyUpper time.Duration
+	// Restore is the wall time from the first fork's creation to the last one running.
+	Restore time.Duration
+}
+
+// IDs returns the forks' container ids.
+func (r *Result) IDs() []string {
+	ids := make([]string, len(r.Forks))
+	for i, f := range r.Forks {
+		ids[i] = f.Container.ID()
+	}
+	return ids
+}
+
+// Fork makes n running copies of container parentID (whose task must run under
+// io.containerd.lazyfork.v1). On error the parent keeps running, unpaused, and
+// nothing Fork made is left.
+func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkOpt) (_ *Result, retErr error) {
+	var cfg forkConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("fork %s: n = %d: %w", parentID, n, errdefs.ErrInvalidArgument)
+	}
+	if cfg.ids != nil && len(cfg.ids) != n {
+		return nil, fmt.Errorf("fork %s: %d ids for %d forks: %w", parentID, len(cfg.ids), n, errdefs.ErrInvalidArgument)
+	}
+	if cfg.io == nil {
+		cfg.io = func(string) cio.Creator { return cio.NullIO }
+	}
+	// The lease keeps the forks' fresh snapshots from containerd's GC until
+	// their containers reference them.
+	ctx, done, err := c.cd.WithLease(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: lease: %w", parentID, err)
+	}
+	defer done(context.WithoutCancel(ctx))
+
+	parent, err := c.cd.LoadContainer(ctx, parentID)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	info, err := parent.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	if info.Runtime.Name != RuntimeName {
+		return nil, fmt.Errorf("fork %s: runs under %s, not %s (the memory mount must be there from creation): %w",
+			parentID, info.Runtime.Name, RuntimeName, errdefs.ErrFailedPrecondition)
+	}
+	spec, err := parent.Spec(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: spec: %w", parentID, err)
+	}
+	task, err := parent.Task(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: task: %w", parentID, err)
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: task status: %w", parentID, err)
+	}
+	if st.Status != containerd.Running && st.Status != containerd.Paused {
+		return nil, fmt.Errorf("fork %s: task is %s: %w", parentID, st.Status, errdefs.ErrFailedPrecondition)
+	}
+
+	if err := os.MkdirAll(c.snapshotsDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	snapDir, err := os.MkdirTemp(c.snapshotsDir(), "")
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	imageDir := filepath.Join(snapDir, "image")
+	upperCopy := filepath.Join(snapDir, "upper")
+	res := &Result{Parent: parentID, Snapshot: imageDir}
+	defer func() {
+		if retErr != nil || !cfg.keepSnapshot {
+			if err := c.removeSnapshot(res.Family, snapDir); err != nil {
+				log.G(ctx).WithError(err).WithField("snapshot", snapDir).Warn("lazyfork: remove snapshot")
+			}
+			if retErr != nil {
+				res.Snapshot = ""
+			}
+		}
+	}()
+	if err := os.Mkdir(imageDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+
+	if err := c.snapshot(ctx, parent, info, task, st.Status == containerd.Paused, imageDir, upperCopy, res); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+
+	ids := cfg.ids
+	if ids == nil {
+		ids = make([]string, n)
+		for i := range ids {
+			ids[i] = forkID(res.Family)
+		}
+	}
+	res.Forks = make([]Fork, n)
+	errs := make([]error, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := c.restoreFork(ctx, ids[i], parentID, info, spec, res, upperCopy, &cfg)
+			res.Forks[i], errs[i] = f, err
+		}()
+	}
+	wg.Wait()
+	res.Restore = time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		for _, f := range res.Forks {
+			if f.Container != nil {
+				removeFork(context.WithoutCancel(ctx), f)
+			}
+		}
+		res.Forks = nil
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	return res, nil
+}
+
+// snapshot freezes the parent, checkpoints it through the shim, copies its
+// writable layer aside, and thaws it again (whatever happened, unless the
+// caller had it paused already).
+func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info containers.Container, task containerd.Task,
+	wasPaused bool, imageDir, upperCopy string, res *Result) (retErr error) {
+	t0 := time.Now()
+	if !wasPaused {
+		if err := task.Pause(ctx); err != nil {
+			return fmt.Errorf("pause: %w", err)
+		}
+		defer func() {
+			if err := task.Resume(context.WithoutCancel(ctx)); err != nil {
+				retErr = errors.Join(retErr, fmt.Errorf("resume parent: %w", err))
+			}
+			res.Paused = time.Since(t0)
+		}()
+	}
+	opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: imageDir})
+	if err != nil {
+		return err
+	}
+	t1 := time.Now()
+	// The task API directly, not Task.Checkpoint: for a runtime that is not
+	// runc's, the client would also tar the rootfs into the content store.
+	if _, err := c.cd.TaskService().Checkpoint(ctx, &tasksapi.CheckpointTaskRequest{
+		ContainerID: parent.ID(),
+		Options:     opts,
+	}); err != nil {
+		return fmt.Errorf("checkpoint: %w", errgrpc.ToNative(err))
+	}
+	res.Checkpoint = time.Since(t1)
+	snap, err := memfile.ReadSnapshot(imageDir)
+	if err != nil {
+		return fmt.Errorf("checkpoint of %s is not a LazyFork snapshot: %w", parent.ID(), err)
+	}
+	res.Family = snap.Family
+	t2 := time.Now()
+	upper, err := c.upperDir(ctx, info.Snapshotter, info.SnapshotKey)
+	if err != nil {
+		return err
+	}
+	if err := copyLayer(upperCopy, upper); err != nil {
+		return fmt.Errorf("copy writable layer of %s: %w", parent.ID(), err)
+	}
+	res.CopyUpper = time.Since(t2)
+	return nil
+}
+
+// restoreFork makes fork id: its rootfs, its container, its restored task.
+func (c *Client) restoreFork(ctx context.Context, id, parentID string, info containers.Container, spec *oci.Spec,
+	res *Result, upperCopy string, cfg *forkConfig) (f Fork, retErr error) {
+	sn := c.cd.SnapshotService(info.Snapshotter)
+	pinfo, err := sn.Stat(ctx, info.SnapshotKey)
+	if err != nil {
+		return f, fmt.Errorf("fork %s: parent snapshot: %w", id, err)
+	}
+	key := id
+	mounts, err := sn.Prepare(ctx, key, pinfo.Parent)
+	if err != nil {
+		return f, fmt.Errorf("fork %s: prepare rootfs: %w", id, err)
+	}
+	containerMade := false
+	defer func() {
+		if retErr != nil && !containerMade {
+			if err := sn.Remove(context.WithoutCancel(ctx), key); err != nil {
+				log.G(ctx).WithError(err).WithField("key", key).Warn("lazyfork: remove fork snapshot")
+			}
+		}
+	}()
+	upper, err := upperOf(mounts)
+	if err != nil {
+		return f, fmt.Errorf("fork %s: %w", id, err)
+	}
+	if err := copyLayer(upper, upperCopy); err != nil {
+		return f, fmt.Errorf("fork %s: copy writable layer: %w", id, err)
+	}
+	fspec, err := forkSpec(spec, parentID, id, res.Family)
+	if err != nil {
+		return f, fmt.Errorf("fork %s: %w", id, err)
+	}
+	labels := map[string]string{
+		LabelParent:   parentID,
+		LabelFamily:   res.Family,
+		LabelSnapshot: res.Snapshot,
+	}
+	for k, v := range cfg.labels {
+		labels[k] = v
+	}
+	ctr, err := c.cd.NewContainer(ctx, id,
+		containerd.WithImageName(info.Image),
+		containerd.WithSnapshotter(info.Snapshotter),
+		containerd.WithSnapshot(key),
+		containerd.WithSpec(fspec),
+		containerd.WithContainerLabels(labels),
+		func(_ context.Context, _ *containerd.Client, ci *containers.Container) error {
+			ci.Runtime = info.Runtime // same runtime, same runc options (e.g. its root)
+			return nil
+		},
+	)
+	if err != nil {
+		return f, fmt.Errorf("fork %s: create container: %w", id, err)
+	}
+	containerMade = true
+	f.Container = ctr
+	t0 := time.Now()
+	task, err := ctr.NewTask(ctx, cfg.io(id), containerd.WithRestoreImagePath(res.Snapshot))
+	if err != nil {
+		return f, fmt.Errorf("fork %s: create task: %w", id, err)
+	}
+	f.Task = task
+	if err := task.Start(ctx); err != nil {
+		return f, fmt.Errorf("fork %s: restore: %w", id, err)
+	}
+	f.Restore = time.Since(t0)
+	return f, nil
+}
+
+// removeFork deletes a fork's task, container and rootfs snapshot.
+func removeFork(ctx context.Context, f Fork) {
+	if f.Task != nil {
+		if _, err := f.Task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("id", f.Container.ID()).Warn("lazyfork: delete fork task")
+		}
+	}
+	if err := f.Container.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithField("id", f.Container.ID()).Warn("lazyfork: delete fork container")
+	}
+}
+
+// forkSpec is the parent's spec for fork id: its own cgroup, its family.
+func forkSpec(parent *oci.Spec, parentID, id, family string) (*oci.Spec, error) {
+	b, err := json.Marshal(parent)
+	if err != nil {
+		return nil, err
+	}
+	var s oci.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	if s.Linux == nil {
+		return nil, fmt.Errorf("parent spec has no linux section: %w", errdefs.ErrInvalidArgument)
+	}
+	s.Linux.CgroupsPath = forkCgroupsPath(s.Linux.CgroupsPath, parentID, id)
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[AnnotationFamily] = family
+	return &s, nil
+}
+
+// forkCgroupsPath gives a fork its own cgroup beside its parent's: a restore into
+// the parent's cgroup fails ("container's cgroup is not empty").
+func forkCgroupsPath(p, parentID, id string) string {
+	switch {
+	case p == "":
+		return ""
+	case strings.Count(p, ":") == 2 && !strings.HasPrefix(p, "/"): // systemd slice:prefix:name
+		parts := strings.SplitN(p, ":", 3)
+		return parts[0] + ":" + parts[1] + ":" + id
+	case filepath.Base(p) == parentID:
+		return filepath.Join(filepath.Dir(p), id)
+	default:
+		return filepath.Join(filepath.Dir(p), id)
+	}
+}
