@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
@@ -177,17 +176,12 @@ func (rw *rewriter) stage(ctx context.Context) error {
 	}
 	for name := range pinned {
 		rw.info.Files = append(rw.info.Files, name)
-		if name != rw.memName && rw.info.Parent == "" {
-			rw.info.Parent = name
-		}
 	}
 	slices.Sort(rw.info.Files)
-	if rw.info.Parent != "" {
-		// The parent is the newest file the delta sits on (names sort by time).
-		for _, name := range rw.info.Files {
-			if name != rw.memName {
-				rw.info.Parent = name
-			}
+	// The parent is the newest file a delta sits on (names sort by time).
+	for _, name := range rw.info.Files {
+		if name != rw.memName {
+			rw.info.Parent = name
 		}
 	}
 	return writeJSONAtomic(filepath.Join(rw.staging, SnapshotFile), &rw.info, 0o644)
@@ -300,14 +294,12 @@ func (rw *rewriter) commit(ctx context.Context) error {
 		}
 		return fmt.Errorf("swap %s: %w", rw.imageDir, err)
 	}
-	rw.committed = true
 	rw.memTmp = ""
-	// rw.staging now holds the old image; abort is not called, remove it here.
+	// The old image now sits at the staging path. The snapshot is in place
+	// whatever happens next; a leftover is removed by the next rewrite.
 	old := rw.staging
 	rw.staging = ""
-	if err := os.RemoveAll(old); err != nil && !strings.Contains(err.Error(), "no such file") {
-		return nil // the snapshot is in place; a leftover is removed by the next rewrite
-	}
+	os.RemoveAll(old)
 	return nil
 }
 

@@ -166,7 +166,6 @@ type rewriter struct {
 	staging     string
 	stagedBytes int64 // bytes the copier spent on staged pages images
 	info        SnapshotInfo
-	committed   bool
 }
 
 func (rw *rewriter) close() {
