@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/containerd/errdefs"
 	"github.com/lazyfork/lazyfork/criuimg"
@@ -77,5 +78,27 @@ func TestDecodeErrors(t *testing.T) {
 	garbage = append(garbage, bytes.Repeat([]byte{0xff}, int(binary.LittleEndian.Uint32(b[8:])))...)
 	if _, err := criuimg.Decode(bytes.NewReader(garbage), criuimg.MagicPstree, newE); !errors.Is(err, errdefs.ErrDataLoss) {
 		t.Errorf("garbage payload: %v", err)
+	}
+}
+
+func TestPagemapIndex(t *testing.T) {
+	pm := &criuimg.Pagemap{}
+	pm.Entries = append(pm.Entries,
+		criuimg.NewPresentEntry(0x10000, 2),
+		&pagemap.PagemapEntry{Vaddr: proto.Uint64(0x20000), NrPages: proto.Uint32(4), Flags: proto.Uint32(criuimg.PEParent)},
+		criuimg.NewPresentEntry(0x30000, 3))
+	ix := pm.Index()
+	for _, c := range []struct {
+		va  uint64
+		off int64
+		run uint64
+	}{
+		{0x10000, 0, 2}, {0x11000, 4096, 1}, {0x12000, 0, 0}, {0x20000, 0, 0},
+		{0x30000, 8192, 3}, {0x32000, 16384, 1}, {0x33000, 0, 0}, {0x1000, 0, 0},
+	} {
+		off, run := ix.Lookup(c.va)
+		if off != c.off || run != c.run {
+			t.Errorf("Lookup(%#x) = %d, %d; want %d, %d", c.va, off, run, c.off, c.run)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/containerd/errdefs"
@@ -128,4 +129,39 @@ func (p *Pages) Close() error {
 		return nil
 	}
 	return p.File.Close()
+}
+
+// Index finds pages by address in a pagemap: built once, each lookup is a
+// binary search.
+type Index struct {
+	vaddr []uint64
+	pages []uint64
+	off   []int64
+}
+
+// Index builds the lookup table of the entries whose pages are in the image.
+func (pm *Pagemap) Index() *Index {
+	offs, _ := pm.Offsets()
+	ix := &Index{}
+	for i, e := range pm.Entries {
+		if offs[i] < 0 {
+			continue
+		}
+		ix.vaddr = append(ix.vaddr, e.GetVaddr())
+		ix.pages = append(ix.pages, uint64(e.GetNrPages()))
+		ix.off = append(ix.off, offs[i])
+	}
+	return ix
+}
+
+// Lookup returns the offset in pages-<id>.img of the page at vaddr, and how
+// many pages follow it contiguously in that entry (0 when the page is not in
+// the image).
+func (ix *Index) Lookup(vaddr uint64) (off int64, run uint64) {
+	i := sort.Search(len(ix.vaddr), func(i int) bool { return ix.vaddr[i]+ix.pages[i]*PageSize > vaddr })
+	if i == len(ix.vaddr) || ix.vaddr[i] > vaddr {
+		return 0, 0
+	}
+	k := (vaddr - ix.vaddr[i]) / PageSize
+	return ix.off[i] + int64(k*PageSize), ix.pages[i] - k
 }
