@@ -99,13 +99,24 @@ func (l *Loop) Snapshot(ctx context.Context, pid int, dir string) (*Snapshot, er
 	}
 	s := &Snapshot{Dir: dir, Dump: d}
 	if l.Store != nil {
-		s.Rewrite, err = l.Store.Rewrite(ctx, dir, memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir})
-		if err != nil {
-			return nil, fmt.Errorf("rewrite %s: %w", dir, err)
+		if s.Rewrite, err = l.Rewrite(ctx, dir); err != nil {
+			return nil, err
 		}
 	}
 	s.ImageBytes, err = dirBytes(dir)
 	return s, err
+}
+
+// Rewrite turns the dump in dir into a snapshot of the loop's family.
+func (l *Loop) Rewrite(ctx context.Context, dir string) (*memfile.Result, error) {
+	if l.Store == nil {
+		return nil, fmt.Errorf("rewrite %s: plain loop has no store", dir)
+	}
+	r, err := l.Store.Rewrite(ctx, dir, memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir})
+	if err != nil {
+		return nil, fmt.Errorf("rewrite %s: %w", dir, err)
+	}
+	return r, nil
 }
 
 // Copy is a restored copy.
