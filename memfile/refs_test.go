@@ -2,11 +2,13 @@ package memfile_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +61,16 @@ func TestRefsRealCopies(t *testing.T) {
 		t.Fatal("freed while a copy maps it")
 	}
 	e.verifyTree(copyPID)
+	// A dump of the copy cannot become a snapshot of another family (which
+	// would not pin the files it maps).
+	otherDir, err := e.store.FamilyDir("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := e.dump(copyPID)
+	if _, err := e.store.Rewrite(ctx, d, memfile.RewriteOptions{Family: "other", MapDir: otherDir}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("rewrite into another family: %v", err)
+	}
 	kill(copyPID)
 	freed, err := e.store.GC(ctx)
 	if err != nil {

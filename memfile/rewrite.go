@@ -209,6 +209,10 @@ func (rw *rewriter) load() error {
 		}
 		name, ok := strings.CutPrefix(fe.GetReg().GetName(), prefix)
 		if !ok {
+			// A file of another family would not be pinned by this snapshot.
+			if other, ok := strings.CutPrefix(fe.GetReg().GetName(), rw.store.root+"/"); ok && !strings.HasPrefix(other, ".") {
+				return fmt.Errorf("image maps %s, a file of another family than %s: %w", fe.GetReg().GetName(), rw.opts.Family, errdefs.ErrFailedPrecondition)
+			}
 			continue
 		}
 		if checkFileName(name) != nil {
