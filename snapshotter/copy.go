@@ -22,6 +22,8 @@ type CopyStats struct {
 	Bytes               int64 // apparent size of the regular files
 	Reflinked           int   // files cloned with FICLONE (no data copied)
 	Copied              int   // files copied with copy_file_range or read/write
+	Reused              int   // files taken unchanged from an earlier copy (hard link)
+	Vanished            int   // entries gone during a live copy (skipped)
 	Duration            time.Duration
 }
 
@@ -52,6 +54,18 @@ func WithPlainCopy() CopyOption {
 	return func(c *layerCopier) { c.noReflink, c.plain = true, true }
 }
 
+// withLive marks the source as possibly changing under the copy.
+func withLive() CopyOption { return func(c *layerCopier) { c.live = true } }
+
+// withReuse links files unchanged since before from the earlier copy prev.
+func withReuse(prev string, before unix.Timespec) CopyOption {
+	return func(c *layerCopier) { c.reuse, c.reuseBefore = prev, before }
+}
+
+func tsBefore(a, b unix.Timespec) bool {
+	return a.Sec < b.Sec || (a.Sec == b.Sec && a.Nsec < b.Nsec)
+}
+
 func copyLayer(ctx context.Context, dst, src string) error {
 	_, err := CopyLayer(ctx, dst, src)
 	return err
@@ -63,6 +77,15 @@ type layerCopier struct {
 	ctx   context.Context
 	links map[fileID]string
 	stats CopyStats
+	// live: the source may change under the copy (a running container):
+	// entries that vanish are skipped, and each file is fsynced before it
+	// is read, so that later writes through a shared mapping fault again
+	// and move its ctime.
+	live bool
+	// reuse, when set, is an earlier copy of the same source; a regular
+	// file whose ctime is before reuseBefore is hard-linked from there.
+	reuse       string
+	reuseBefore unix.Timespec
 	// noReflink remembers that the filesystem refused a clone, so the
 	// remaining files skip the attempt.
 	noReflink bool
@@ -79,6 +102,13 @@ func (c *layerCopier) copy(dst, src string) error {
 	var dirs []dirTimes
 	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			if c.live && errors.Is(err, fs.ErrNotExist) && p != src {
+				c.stats.Vanished++
+				if d != nil && d.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
 			return err
 		}
 		if err := c.ctx.Err(); err != nil {
@@ -91,6 +121,10 @@ func (c *layerCopier) copy(dst, src string) error {
 		target := filepath.Join(dst, rel)
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
+			if c.live && errors.Is(err, unix.ENOENT) {
+				c.stats.Vanished++
+				return nil
+			}
 			return &os.PathError{Op: "lstat", Path: p, Err: err}
 		}
 		switch st.Mode & unix.S_IFMT {
@@ -113,7 +147,14 @@ func (c *layerCopier) copy(dst, src string) error {
 				}
 				c.links[id] = target
 			}
-			if err := c.copyFile(target, p, &st); err != nil {
+			if c.reused(target, rel, &st) {
+				c.stats.Reused++
+			} else if err := c.copyFile(target, p, &st); err != nil {
+				if c.live && errors.Is(err, fs.ErrNotExist) {
+					c.stats.Vanished++
+					delete(c.links, id)
+					return nil
+				}
 				return err
 			}
 			c.stats.Files++
@@ -224,12 +265,39 @@ func copyXattrs(dst, src string) error {
 	return nil
 }
 
+// reused links target to the earlier copy of rel when the source file has
+// not changed since that copy began: its ctime (moved by every write, fault
+// on a clean shared page, chmod, chown, xattr change, link, unlink and
+// rename) predates the copy, and size and mtime agree.
+func (c *layerCopier) reused(target, rel string, st *unix.Stat_t) bool {
+	if c.reuse == "" || !tsBefore(st.Ctim, c.reuseBefore) {
+		return false
+	}
+	prev := filepath.Join(c.reuse, rel)
+	var pst unix.Stat_t
+	if err := unix.Lstat(prev, &pst); err != nil {
+		return false
+	}
+	if pst.Mode&unix.S_IFMT != unix.S_IFREG || pst.Size != st.Size || pst.Mtim != st.Mtim {
+		return false
+	}
+	return os.Link(prev, target) == nil
+}
+
 func (c *layerCopier) copyFile(target, src string, st *unix.Stat_t) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
+	if c.live {
+		// Write back dirty pages: a later write through a mapping must
+		// fault again (page_mkwrite), which moves ctime, for the sync pass
+		// to see it.
+		if err := in.Sync(); err != nil {
+			return fmt.Errorf("fsync %s: %w", src, err)
+		}
+	}
 	out, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err

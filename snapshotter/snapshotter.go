@@ -123,6 +123,7 @@ func New(ctx context.Context, root string, opts ...Option) (*Snapshotter, error)
 		s.Close()
 		return nil, fmt.Errorf("reconcile %s on start: %w", root, err)
 	}
+	s.removeStaleSyncs(ctx)
 	if missing, err := s.missingDirs(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -244,10 +245,29 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 
 // Commit turns the active snapshot key into the committed snapshot name.
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
+	var (
+		syncedID string
+		info     snapshots.Info
+	)
+	if err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) (err error) {
+		syncedID, info, _, err = storage.GetInfo(ctx, key)
+		return err
+	}); err != nil {
+		return err
+	}
+	if source, ok := info.Labels[FreezeSourceLabel]; ok && info.Kind == snapshots.KindActive {
+		// Outside any transaction: other calls carry on meanwhile.
+		if err := s.syncFreeze(ctx, key, syncedID, source, info.Parent); err != nil {
+			return fmt.Errorf("commit freeze %q: %w", key, err)
+		}
+	}
 	return s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
 		id, info, _, err := storage.GetInfo(ctx, key)
 		if err != nil {
 			return err
+		}
+		if _, ok := info.Labels[FreezeSourceLabel]; ok && id != syncedID {
+			return fmt.Errorf("commit %q: snapshot replaced during the freeze: %w", key, errdefs.ErrFailedPrecondition)
 		}
 		if info.Kind != snapshots.KindActive {
 			return fmt.Errorf("commit %q: snapshot is %v, not active: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
@@ -437,7 +457,7 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 		if td, err = s.newDir(kind, true); err != nil {
 			return nil, err
 		}
-		if err = copyLayer(ctx, filepath.Join(td, "fs"), s.upperPath(sourceID)); err != nil {
+		if err = s.precopy(ctx, td, sourceID); err != nil {
 			return nil, fmt.Errorf("freeze %q into %q: %w", source, key, err)
 		}
 	}
