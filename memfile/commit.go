@@ -273,6 +273,11 @@ func (rw *rewriter) commit(ctx context.Context) error {
 		}
 		rw.memTmp = final // an abort from here on removes it
 	}
+	if rw.opts.Stage != nil {
+		if err := rw.opts.Stage(ctx, rw.staging); err != nil {
+			return fmt.Errorf("stage hook: %w", err)
+		}
+	}
 	holder := rw.opts.Holder
 	if holder == "" {
 		holder = HolderSnapshot + rw.imageDir

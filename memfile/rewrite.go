@@ -47,7 +47,8 @@ type RewriteOptions struct {
 	// RebaseRatio: 0 = DefaultRebaseRatio; negative = never rebase.
 	RebaseRatio float64
 	// Stage, if set, is called with the complete new image (lazyfork.json
-	// included) in its staging directory, before it is swapped in: a last
+	// included) in its staging directory, with the new memory file at its
+	// final path and the family locked, before it is swapped in: a last
 	// edit that must be atomic with the rewrite (e.g. madvguard.Apply). An
 	// error aborts the rewrite and leaves imageDir unchanged.
 	Stage func(ctx context.Context, stagingDir string) error
@@ -120,11 +121,6 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 	}
 	if err := rw.stage(ctx); err != nil {
 		return nil, fmt.Errorf("rewrite %s: %w", imageDir, err)
-	}
-	if opts.Stage != nil {
-		if err := opts.Stage(ctx, rw.staging); err != nil {
-			return nil, fmt.Errorf("rewrite %s: stage hook: %w", imageDir, err)
-		}
 	}
 	if err := rw.commit(ctx); err != nil {
 		return nil, fmt.Errorf("rewrite %s: %w", imageDir, err)
