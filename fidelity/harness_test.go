@@ -39,6 +39,10 @@ type harness struct {
 // newHarness gates the test and prepares a family store on a tmpfs of its own; plain
 // skips the rewrite (plain CRIU, the control).
 func newHarness(t *testing.T, plain bool) *harness {
+	return newHarnessGuard(t, plain, false)
+}
+
+func newHarnessGuard(t *testing.T, plain, guard bool) *harness {
 	testutil.RequiresCRIU(t)
 	testutil.RequiresBinary(t, "gcc")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -49,11 +53,12 @@ func newHarness(t *testing.T, plain bool) *harness {
 		h.loop = &memloop.Loop{}
 		return h
 	}
-	l, err := memloop.Open(filepath.Join(h.dir, "mem"), "fid-"+strings.ToLower(t.Name()[4:]), 8<<30)
+	l, err := memloop.Open(filepath.Join(h.dir, "mem"), "fid-"+strings.ToLower(strings.ReplaceAll(t.Name()[4:], "/", "-")), 8<<30)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.loop = l
+	l.Guard = guard
 	// Registered first, so it runs after every copy is killed.
 	t.Cleanup(func() {
 		if err := l.Close(); err != nil {

@@ -26,6 +26,7 @@ type config struct {
 	work        string
 	tmpfsSize   int64
 	plain       bool
+	guard       bool
 	keep        bool
 	verify      bool
 	criu        string
@@ -85,6 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.work, "work", "", "directory for images and the copies' output; default: a temporary directory")
 	fs.Int64Var(&sizeMiB, "tmpfs-size", 16384, "size limit of a tmpfs this tool mounts, MiB")
 	fs.BoolVar(&c.plain, "plain", false, "skip the rewrite: plain CRIU restores, for comparison")
+	fs.BoolVar(&c.guard, "guard", true, "add madvguard's refuse-mode filter to each snapshot: purging madvise on memory files fails in copies (needed by jemalloc and Go 1.26 defaults); --guard=false to leave it out")
 	fs.BoolVar(&c.keep, "keep", false, "leave the copies running and their files in place")
 	fs.BoolVar(&c.verify, "verify", true, "built-in workloads: ask every copy for a full memory check")
 	fs.StringVar(&c.criu, "criu", "", "criu binary (default: criu on PATH, else /usr/local/sbin/criu)")
@@ -135,6 +137,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.generations < 1 || c.generations > 100 {
 		return nil, fmt.Errorf("--generations %d: want 1..100", c.generations)
+	}
+	if c.plain {
+		c.guard = false // nothing to guard: plain copies hold anonymous memory
 	}
 	if c.heapMiB < 1 {
 		return nil, fmt.Errorf("--heap %d: want at least 1 MiB", c.heapMiB)

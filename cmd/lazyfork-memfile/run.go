@@ -65,6 +65,7 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 		}
 	}
 	loop.Criu = c.criu
+	loop.Guard = c.guard
 
 	var (
 		wl     *criurun.Workload
@@ -109,7 +110,9 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 		args := c.cmd
 		var env []string // nil: this tool's environment
 		if c.workload != "" {
-			env = workloads.Env(c.workload)
+			if !c.guard {
+				env = workloads.Env(c.workload)
+			}
 			if args, err = workloads.Command(ctx, c.workload, filepath.Join(work, "bin"), c.heapMiB, 100); err != nil {
 				return err
 			}
@@ -211,6 +214,9 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 
 func report(w io.Writer, c *config, what, store string, parent criurun.Mem, gens []genRow, rows []copyRow) {
 	mode := "memfile rewrite"
+	if c.guard {
+		mode += " + madvise guard (refuse)"
+	}
 	if c.plain {
 		mode = "plain CRIU (no rewrite)"
 	}

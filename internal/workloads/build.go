@@ -88,13 +88,17 @@ func CommandWith(ctx context.Context, kind Kind, dir string, o Options) ([]strin
 	return nil, fmt.Errorf("unknown workload %q (want c, python or go): %w", kind, errdefs.ErrInvalidArgument)
 }
 
-// Env returns the environment a workload runs with: the caller's, plus for Go
-// GODEBUG=madvdontneed=0. Since Go 1.26 the runtime on Linux treats memory it gave
-// back with MADV_DONTNEED as zero when it reuses it (mheap.initSpan skips clearing
+// Env returns the environment a workload runs with in copies that carry no
+// madvise guard: the caller's, plus for Go GODEBUG=madvdontneed=0.
+//
+// Why: since Go 1.26 the runtime on Linux treats memory it gave back with a
+// successful MADV_DONTNEED as zero when it reuses it (mheap.initSpan skips clearing
 // scavenged pages unless needZeroAfterSysUnused). In a LazyFork copy that memory is
-// a private file mapping, where MADV_DONTNEED brings back the file's bytes, not
-// zeros: fresh allocations then hold stale data. With madvdontneed=0 the runtime
-// zeroes reused memory itself (MADV_FREE fails on a file mapping, and it falls back).
+// a private file mapping, where MADV_DONTNEED brings back the file's bytes: fresh
+// allocations then hold stale data. With madvdontneed=0 the runtime zeroes reused
+// memory itself. With madvguard's filter in the snapshot the setting is not needed:
+// the purge fails, and the runtime falls back to an anonymous mmap(MAP_FIXED),
+// which does read zeros.
 func Env(kind Kind) []string {
 	env := os.Environ()
 	if kind == Go {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,6 +29,10 @@ type Loop struct {
 	Family string
 	MapDir string // the family's host directory, recorded in images as is
 	Criu   string // criu binary; "" = criurun.DefaultBinary()
+	// Guard adds madvguard's Refuse-mode seccomp filter to every snapshot, atomically
+	// with the rewrite: in copies, purging madvise calls on memory-file ranges that
+	// hold data fail with EINVAL instead of bringing back the file's bytes.
+	Guard bool
 
 	root    string
 	mounted bool // Open mounted the tmpfs at root, so Close unmounts it
@@ -112,11 +117,52 @@ func (l *Loop) Rewrite(ctx context.Context, dir string) (*memfile.Result, error)
 	if l.Store == nil {
 		return nil, fmt.Errorf("rewrite %s: plain loop has no store", dir)
 	}
-	r, err := l.Store.Rewrite(ctx, dir, memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir})
+	opts := memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir}
+	if l.Guard {
+		opts.Stage = func(ctx context.Context, staging string) error {
+			files, cleanup, err := l.stagedFiles(staging)
+			if err != nil {
+				return err
+			}
+			defer cleanup()
+			ranges, err := madvguard.DataRanges(staging, l.MapDir, files)
+			if err != nil {
+				return err
+			}
+			return madvguard.ApplyMode(staging, ranges, madvguard.Refuse)
+		}
+	}
+	r, err := l.Store.Rewrite(ctx, dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite %s: %w", dir, err)
 	}
 	return r, nil
+}
+
+// stagedFiles gives the guard a directory where every file the staged snapshot
+// maps can be opened by name: while the Stage hook runs, the rewrite's new file
+// still has its temporary name (memfile's ".tmp-" prefix) in the family directory.
+func (l *Loop) stagedFiles(staging string) (string, func(), error) {
+	info, err := memfile.ReadSnapshot(staging)
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "memloop-guard-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	for _, f := range info.Files {
+		src := filepath.Join(l.MapDir, f)
+		if _, err := os.Stat(src); err != nil {
+			src = filepath.Join(l.MapDir, ".tmp-"+f)
+		}
+		if err := os.Symlink(src, filepath.Join(dir, f)); err != nil {
+			cleanup()
+			return "", nil, err
+		}
+	}
+	return dir, cleanup, nil
 }
 
 // Copy is a restored copy.
