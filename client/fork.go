@@ -163,14 +163,72 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
+	forks, restore, err := c.restoreForks(ctx, parentID, info, spec, res.Family, imageDir, upperCopy, n, &cfg)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	res.Forks, res.Restore = forks, restore
+	return res, nil
+}
+
+// RestoreForks restores n more forks of parentID from a snapshot kept by Fork
+// (KeepSnapshot; imageDir is its Result.Snapshot). The parent container must
+// still exist (its spec, image and runtime are cloned); its task need not run.
+// On error nothing is left of the forks.
+func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n int, opts ...ForkOpt) (_ []Fork, retErr error) {
+	var cfg forkConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if n < 1 || cfg.ids != nil && len(cfg.ids) != n {
+		return nil, fmt.Errorf("restore forks of %s: n = %d, %d ids: %w", parentID, n, len(cfg.ids), errdefs.ErrInvalidArgument)
+	}
+	if cfg.io == nil {
+		cfg.io = func(string) cio.Creator { return cio.NullIO }
+	}
+	ctx, done, err := c.cd.WithLease(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done(context.WithoutCancel(ctx))
+	snap, err := memfile.ReadSnapshot(imageDir)
+	if err != nil {
+		return nil, fmt.Errorf("restore forks of %s: snapshot %s: %w", parentID, imageDir, err)
+	}
+	upperCopy := filepath.Join(filepath.Dir(imageDir), "upper")
+	if st, err := os.Stat(upperCopy); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("restore forks of %s: snapshot %s has no writable layer copy (not made by Fork?): %w", parentID, imageDir, errdefs.ErrNotFound)
+	}
+	parent, err := c.cd.LoadContainer(ctx, parentID)
+	if err != nil {
+		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
+	}
+	info, err := parent.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := parent.Spec(ctx)
+	if err != nil {
+		return nil, err
+	}
+	forks, _, err := c.restoreForks(ctx, parentID, info, spec, snap.Family, imageDir, upperCopy, n, &cfg)
+	if err != nil {
+		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
+	}
+	return forks, nil
+}
+
+// restoreForks makes n forks at once; if any fails, all are removed.
+func (c *Client) restoreForks(ctx context.Context, parentID string, info containers.Container, spec *oci.Spec,
+	family, imageDir, upperCopy string, n int, cfg *forkConfig) ([]Fork, time.Duration, error) {
 	ids := cfg.ids
 	if ids == nil {
 		ids = make([]string, n)
 		for i := range ids {
-			ids[i] = forkID(res.Family)
+			ids[i] = forkID(family)
 		}
 	}
-	res.Forks = make([]Fork, n)
+	forks := make([]Fork, n)
 	errs := make([]error, n)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -178,22 +236,20 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f, err := c.restoreFork(ctx, ids[i], parentID, info, spec, res, upperCopy, &cfg)
-			res.Forks[i], errs[i] = f, err
+			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, imageDir, upperCopy, cfg)
 		}()
 	}
 	wg.Wait()
-	res.Restore = time.Since(start)
+	took := time.Since(start)
 	if err := errors.Join(errs...); err != nil {
-		for _, f := range res.Forks {
+		for _, f := range forks {
 			if f.Container != nil {
 				removeFork(context.WithoutCancel(ctx), f)
 			}
 		}
-		res.Forks = nil
-		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+		return nil, took, err
 	}
-	return res, nil
+	return forks, took, nil
 }
 
 // snapshot freezes the parent, checkpoints it through the shim, copies its
@@ -246,7 +302,7 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 
 // restoreFork makes fork id: its rootfs, its container, its restored task.
 func (c *Client) restoreFork(ctx context.Context, id, parentID string, info containers.Container, spec *oci.Spec,
-	res *Result, upperCopy string, cfg *forkConfig) (f Fork, retErr error) {
+	family, imageDir, upperCopy string, cfg *forkConfig) (f Fork, retErr error) {
 	sn := c.cd.SnapshotService(info.Snapshotter)
 	pinfo, err := sn.Stat(ctx, info.SnapshotKey)
 	if err != nil {
@@ -272,14 +328,14 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 	if err := copyLayer(upper, upperCopy); err != nil {
 		return f, fmt.Errorf("fork %s: copy writable layer: %w", id, err)
 	}
-	fspec, err := forkSpec(spec, parentID, id, res.Family)
+	fspec, err := forkSpec(spec, parentID, id, family)
 	if err != nil {
 		return f, fmt.Errorf("fork %s: %w", id, err)
 	}
 	labels := map[string]string{
 		LabelParent:   parentID,
-		LabelFamily:   res.Family,
-		LabelSnapshot: res.Snapshot,
+		LabelFamily:   family,
+		LabelSnapshot: imageDir,
 	}
 	for k, v := range cfg.labels {
 		labels[k] = v
@@ -301,7 +357,7 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 	containerMade = true
 	f.Container = ctr
 	t0 := time.Now()
-	task, err := ctr.NewTask(ctx, cfg.io(id), containerd.WithRestoreImagePath(res.Snapshot))
+	task, err := ctr.NewTask(ctx, cfg.io(id), containerd.WithRestoreImagePath(imageDir))
 	if err != nil {
 		return f, fmt.Errorf("fork %s: create task: %w", id, err)
 	}

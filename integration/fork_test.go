@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,11 +13,13 @@ import (
 	"time"
 
 	"github.com/containerd/cgroups/v3"
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/memfile"
 )
 
 const counterPy = "/opt/lazyfork/workloads/counter.py"
@@ -222,5 +225,256 @@ func TestFork10(t *testing.T) {
 	// One shim process serves the family.
 	if n := len(harness.ShimPIDs(e.Address)); n != 1 {
 		t.Errorf("%d shim processes serve one family, want 1", n)
+	}
+}
+
+// pyHold is a python program that holds MiB of heap and counts (for tests that
+// need no verify protocol).
+func pyHold(mib int, extra string) []string {
+	prog := fmt.Sprintf("import os,sys,time\n%s\nh=bytearray(%d<<20)\nfor i in range(0,len(h),4096): h[i]=1\nprint('ready',flush=True)\nn=0\nwhile True:\n n+=1\n print('tick %%d'%%n,flush=True)\n time.sleep(0.05)\n", extra, mib)
+	return []string{"python3", "-c", prog}
+}
+
+// assertNothingLeft checks that nothing remains of the containers ids: no
+// container, task, rootfs snapshot, mount, cgroup, bundle or memory-file
+// reference; and that the parent still runs, unpaused.
+func (e *lfEnv) assertNothingLeft(t *testing.T, ctx context.Context, parent string, family string, ids []string) {
+	t.Helper()
+	cl := e.Client()
+	ctrs, err := cl.Containers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range ctrs {
+		for _, id := range ids {
+			if c.ID() == id {
+				t.Errorf("container %s left", id)
+			}
+		}
+	}
+	sn := cl.SnapshotService("overlayfs")
+	for _, id := range ids {
+		if _, err := sn.Stat(ctx, id); err == nil {
+			t.Errorf("rootfs snapshot %s left", id)
+		}
+		if d := harness.CgroupDirs(e.CgroupPath(id)); len(d) > 0 {
+			t.Errorf("cgroups of %s left: %v", id, d)
+		}
+		if _, err := os.Stat(filepath.Join(e.State, "io.containerd.runtime.v2.task", e.Namespace, id)); err == nil {
+			t.Errorf("bundle of %s left", id)
+		}
+	}
+	mounts, _ := harness.MountsUnder(e.Dir)
+	for _, m := range mounts {
+		for _, id := range ids {
+			if strings.Contains(m, id) {
+				t.Errorf("mount %s left", m)
+			}
+		}
+	}
+	if family != "" {
+		store, err := memfile.OpenStore(filepath.Join(e.Root, "mem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders, err := store.Holders(family)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for h := range holders {
+			for _, id := range ids {
+				if strings.HasSuffix(h, "/"+id) {
+					t.Errorf("memory-file reference %s left", h)
+				}
+			}
+		}
+	}
+	task, err := cl.TaskService().Get(ctx, &tasksapi.GetRequest{ContainerID: parent})
+	if err != nil {
+		t.Fatalf("parent %s: %v", parent, err)
+	}
+	if st := task.Process.Status.String(); st != "RUNNING" {
+		t.Errorf("parent %s is %s, want RUNNING", parent, st)
+	}
+}
+
+// snapshotsLeft lists the snapshot directories under the LazyFork root.
+func (e *lfEnv) snapshotsLeft(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(e.Root, "snapshots"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, d := range ents {
+		out = append(out, d.Name())
+	}
+	return out
+}
+
+func forkIDs(prefix string, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	return ids
+}
+
+// TestForkFailures: a CRIU error, missing memory files, bad snapshot dirs. Each
+// returns a clear error, the parent keeps running unpaused, nothing is left.
+func TestForkFailures(t *testing.T) {
+	e := startLF(t, harness.Options{})
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf := e.lfClient()
+
+	t.Run("criu-error", func(t *testing.T) {
+		// An unlinked open file bigger than CRIU's ghost limit cannot be dumped.
+		id := "ghost-" + lfRandom(4)
+		ghost := "f=open('/tmp/g','wb'); f.write(b'x'*(3<<20)); f.flush(); os.unlink('/tmp/g')"
+		_, task := e.run(t, ctx, img, id, pyHold(16, ghost))
+		c := &counter{e: e, id: id, task: task}
+		c.waitLine(t, ctx, 0, "tick 2")
+		ids := forkIDs("gf-"+lfRandom(3), 2)
+		_, err := lf.Fork(ctx, id, 2, lfclient.WithIDs(ids...))
+		if err == nil {
+			t.Fatal("fork of a container with a big ghost file succeeded")
+		}
+		t.Logf("error: %v", err)
+		if !strings.Contains(err.Error(), "checkpoint") || !strings.Contains(strings.ToLower(err.Error()), "criu") {
+			t.Errorf("error does not say the CRIU checkpoint failed: %v", err)
+		}
+		e.assertNothingLeft(t, ctx, id, id, ids)
+		if s := e.snapshotsLeft(t); len(s) > 0 {
+			t.Errorf("snapshot dirs left: %v", s)
+		}
+		// The parent still counts.
+		before := c.lastTick(t)
+		c.waitLine(t, ctx, len(c.lines(t)), "tick ")
+		if c.lastTick(t) <= before {
+			t.Error("parent stopped counting")
+		}
+	})
+
+	// A healthy parent and a kept snapshot for the restore failures.
+	id := "hp-" + lfRandom(4)
+	_, task := e.run(t, ctx, img, id, pyHold(32, ""))
+	(&counter{e: e, id: id, task: task}).waitLine(t, ctx, 0, "tick 2")
+	res, err := lf.Fork(ctx, id, 1, lfclient.KeepSnapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.Forks {
+		if _, err := f.Task.Delete(ctx, containerd.WithProcessKill); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Container.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := memfile.ReadSnapshot(res.Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := memfile.OpenStore(filepath.Join(e.Root, "mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	famDir, err := store.FamilyDir(snap.Family)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// copySnapshot copies the kept snapshot to a new dir for corrupting.
+	copySnapshot := func(t *testing.T) string {
+		dst := filepath.Join(e.Root, "snapshots", "bad-"+lfRandom(4))
+		if out, err := exec.Command("cp", "-a", filepath.Dir(res.Snapshot), dst).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+		t.Cleanup(func() { os.RemoveAll(dst) })
+		return filepath.Join(dst, "image")
+	}
+
+	t.Run("corrupt-image", func(t *testing.T) {
+		// The shim accepts the snapshot; runc's restore fails at Start and
+		// leaves a CREATED task with pid 0, which must go entirely.
+		bad := copySnapshot(t)
+		cores, _ := filepath.Glob(filepath.Join(bad, "core-*.img"))
+		for _, c := range cores {
+			os.Remove(c)
+		}
+		ids := forkIDs("ci-"+lfRandom(3), 2)
+		_, err := lf.RestoreForks(ctx, id, bad, 2, lfclient.WithIDs(ids...))
+		if err == nil {
+			t.Fatal("restore from a snapshot without core images succeeded")
+		}
+		t.Logf("error: %v", err)
+		if !strings.Contains(err.Error(), "restore") {
+			t.Errorf("error does not say the restore failed: %v", err)
+		}
+		e.assertNothingLeft(t, ctx, id, snap.Family, ids)
+	})
+
+	t.Run("bad-snapshot-file", func(t *testing.T) {
+		// A garbled lazyfork.json: the shim refuses the create, clearly.
+		bad := copySnapshot(t)
+		if err := os.WriteFile(filepath.Join(bad, memfile.SnapshotFile), []byte("{garbage"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		parent, err := e.Client().LoadContainer(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fid := "bs-" + lfRandom(4)
+		ctr, err := e.CloneContainer(ctx, parent, fid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.NewTask(ctx, ctr, containerd.WithRestoreImagePath(bad))
+		if err == nil {
+			t.Fatal("task from a garbled snapshot was created")
+		}
+		t.Logf("error: %v", err)
+		if !strings.Contains(err.Error(), "snapshot") {
+			t.Errorf("error does not name the snapshot: %v", err)
+		}
+		if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+			t.Fatal(err)
+		}
+		e.assertNothingLeft(t, ctx, id, snap.Family, []string{fid})
+	})
+
+	t.Run("missing-memory-files", func(t *testing.T) {
+		bad := copySnapshot(t)
+		// A memory file vanishes (an administrator, a bug): forks from the
+		// snapshot must fail before CRIU runs, and say which file.
+		for _, f := range snap.Files {
+			if err := os.Rename(filepath.Join(famDir, f), filepath.Join(famDir, "gone-"+f+".x")); err != nil {
+				t.Fatal(err)
+			}
+			defer os.Rename(filepath.Join(famDir, "gone-"+f+".x"), filepath.Join(famDir, f))
+		}
+		ids := forkIDs("mf-"+lfRandom(3), 2)
+		_, err := lf.RestoreForks(ctx, id, bad, 2, lfclient.WithIDs(ids...))
+		if err == nil {
+			t.Fatal("restore without memory files succeeded")
+		}
+		t.Logf("error: %v", err)
+		if !strings.Contains(err.Error(), "memory file") {
+			t.Errorf("error does not name the missing memory file: %v", err)
+		}
+		e.assertNothingLeft(t, ctx, id, snap.Family, ids)
+	})
+
+	if err := lf.RemoveSnapshot(ctx, res.Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	// The family's files are freed: no fork and no snapshot holds them.
+	time.Sleep(100 * time.Millisecond)
+	left, _ := filepath.Glob(filepath.Join(famDir, "*"+memfile.FileExt))
+	if len(left) > 0 {
+		t.Errorf("memory files left after the last holder went: %v", left)
 	}
 }

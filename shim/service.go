@@ -284,13 +284,18 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 // restoreError adds the end of CRIU's restore log to a failed restore: runc
 // only says "criu failed: type RESTORE errno 0", and the log goes with the bundle.
 func restoreError(err error, bundle string) error {
-	b, rerr := os.ReadFile(filepath.Join(bundle, "work", "restore.log"))
+	return withCRIULog(err, filepath.Join(bundle, "work", "restore.log"))
+}
+
+// withCRIULog appends the last error lines of a CRIU log to err.
+func withCRIULog(err error, logPath string) error {
+	b, rerr := os.ReadFile(logPath)
 	if rerr != nil {
 		return err
 	}
 	var errs []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
+		if strings.Contains(l, "Error") {
 			errs = append(errs, strings.TrimSpace(l))
 		}
 	}
@@ -300,8 +305,7 @@ func restoreError(err error, bundle string) error {
 	if len(errs) == 0 {
 		return err
 	}
-	st := errgrpc.ToNative(err)
-	return errgrpc.ToGRPC(fmt.Errorf("%w; criu: %s", st, strings.Join(errs, " | ")))
+	return errgrpc.ToGRPC(fmt.Errorf("%w; criu: %s", errgrpc.ToNative(err), strings.Join(errs, " | ")))
 }
 
 func (s *Service) watchOOM(ctx context.Context, id string, cg any) {
@@ -356,6 +360,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(err)
 	}
 	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
+		if resp, serr := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); serr == nil {
+			return nil, withCRIULog(err, filepath.Join(resp.Bundle, "criu-dump.log"))
+		}
 		return nil, err
 	}
 	store, err := s.Store()
