@@ -265,9 +265,10 @@ func newContainerOn(t *testing.T, ctx context.Context, c *harness.Containerd, im
 	return task
 }
 
-// freeze pauses the task, freezes its rootfs into frozen under a lease that
-// the caller deletes once forks are prepared, and resumes the task.
-func freeze(t *testing.T, ctx context.Context, c *harness.Containerd, task containerd.Task, active, frozen string) context.Context {
+// freeze copies the task's rootfs while it runs, pauses it, brings the copy
+// up to date and commits it as frozen, under a lease that the caller deletes
+// once forks are prepared, and resumes the task.
+func freeze(t *testing.T, ctx context.Context, c *harness.Containerd, task containerd.Task, active, frozen string, between ...func()) context.Context {
 	t.Helper()
 	ls := c.Client().LeasesService()
 	l, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(10*time.Minute))
@@ -275,10 +276,17 @@ func freeze(t *testing.T, ctx context.Context, c *harness.Containerd, task conta
 		t.Fatal(err)
 	}
 	lctx := leases.WithLease(ctx, l.ID)
+	pending, err := client.StartFreeze(lctx, c.Client().SnapshotService(client.SnapshotterName), active, frozen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range between {
+		f() // the task still runs after the bulk copy
+	}
 	if err := task.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, ferr := client.Freeze(lctx, c.Client().SnapshotService(client.SnapshotterName), active, frozen)
+	_, ferr := pending.Commit(lctx)
 	if err := task.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +367,10 @@ func TestForkFamilyThroughContainerd(t *testing.T) {
 		rm -rf /var/tmp && mkdir /var/tmp && echo fresh > /var/tmp/only
 		sha256sum /big | cut -d" " -f1`)
 
-	lctx := freeze(t, ctx, c, parent, "lfsn-parent", "lfsn-frozen1")
+	lctx := freeze(t, ctx, c, parent, "lfsn-parent", "lfsn-frozen1", func() {
+		// Between the bulk copy and the pause: the fork must see these.
+		sh(t, ctx, parent, `set -e; echo between > /between; echo small-at-fork > /small; echo more >> /data/nested`)
+	})
 
 	// The parent carries on after the fork instant.
 	sh(t, ctx, parent, `set -e; echo parent-later > /small; echo x >> /big; echo new > /after; rm /data/nested`)
@@ -374,10 +385,10 @@ func TestForkFamilyThroughContainerd(t *testing.T) {
 	}
 	dropLease(t, ctx, lctx, c)
 
-	forkView := `cat /small; cat /data/nested; sha256sum /big | cut -d" " -f1
+	forkView := `cat /small /between; cat /data/nested; sha256sum /big | cut -d" " -f1
 		[ -e /after ] && echo after-visible; [ -e /bin/vi ] && echo vi-visible
 		ls /var/tmp; [ -e /bin/sh ] && echo base-ok`
-	want := "small-at-fork\nnested\n" + bigSum + "\nonly\nbase-ok"
+	want := "small-at-fork\nbetween\nnested\nmore\n" + bigSum + "\nonly\nbase-ok"
 	for i, f := range forks {
 		if got := sh(t, ctx, f, forkView); got != want {
 			t.Errorf("fork %d sees:\n%s\nwant:\n%s", i, got, want)

@@ -9,5 +9,14 @@
 // prepared on the frozen layer; without a lease containerd's GC may collect
 // the frozen layer before the first fork stacks on it.
 //
+// The fork path, keeping the parent's pause short:
+//
+//	p, _ := client.StartFreeze(ctx, sn, parentKey, frozen) // task running: bulk copy
+//	task.Pause(ctx)
+//	// ... checkpoint ...
+//	p.Commit(ctx)                                          // copies only what changed
+//	task.Resume(ctx)
+//	sn.Prepare(ctx, forkKey, frozen)                       // per fork: one mkdir
+//
 // Dial connects to the snapshotter's own ttrpc API (proto/lazyfork/v1).
 package client
