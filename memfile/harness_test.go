@@ -67,7 +67,13 @@ func (e *env) next() int { e.seq++; return e.seq }
 // process of its tree is ready.
 func (e *env) start(heapMiB, children int) int {
 	e.t.Helper()
-	w, err := criurun.Start([]string{e.bin, e.ctl, strconv.Itoa(heapMiB), strconv.Itoa(children)},
+	return e.startChain(heapMiB, children, 1)
+}
+
+// startChain is start with a chain of depth processes under each child.
+func (e *env) startChain(heapMiB, children, depth int) int {
+	e.t.Helper()
+	w, err := criurun.Start([]string{e.bin, e.ctl, strconv.Itoa(heapMiB), strconv.Itoa(children), strconv.Itoa(depth)},
 		criurun.StartOptions{Stdout: filepath.Join(e.tmp, fmt.Sprintf("out-%d", e.next()))})
 	if err != nil {
 		e.t.Fatal(err)
@@ -75,7 +81,7 @@ func (e *env) start(heapMiB, children int) int {
 	e.t.Cleanup(func() { w.Kill() })
 	e.waitFor("workload ready", func() bool {
 		pids, _ := criurun.Tree(w.PID)
-		if len(pids) != 1+children {
+		if len(pids) != 1+children*depth {
 			return false
 		}
 		for _, p := range pids {

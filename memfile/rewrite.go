@@ -460,9 +460,15 @@ func matchParent(parent *task, p *vmaPlan) *vmaPlan {
 	return nil
 }
 
-// tryShare compares p's contents with what it would see by mapping pp's
-// region at the same addresses (pp's region plus pp's kept pages). When few
-// pages differ, p shares the region and keeps those pages in the image.
+// tryShare compares p's contents with pp's region at the same addresses.
+// When few pages differ, p shares the region and keeps those pages in the
+// image.
+//
+// The comparison is with the region itself, not with pp's view of it (region
+// plus pp's kept pages): when CRIU lets p inherit pp's VMA, it drops (with
+// MADV_DONTNEED, which brings back the file's bytes) every page pp restored
+// that p's pagemap lacks, and shares by comparison every page both have. So p
+// must list exactly the pages where it differs from the file.
 func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
 	shift := int64(p.e.GetStart() - pp.e.GetStart())
 	regOff := pp.regOff + shift
@@ -493,7 +499,6 @@ func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
 		}
 	}
 	limit := rw.ratio * float64(total)
-	mine := contentOf(p, nil, 0)
 	var kept []run
 	var checked, differ uint64
 	const stretch = 256 // pages compared per read
@@ -524,11 +529,7 @@ func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
 			if float64(differ) > limit {
 				return false, nil // too different: p gets its own slot
 			}
-			src, err := mine(va+k*pageSize, nil)
-			if err != nil {
-				return false, err
-			}
-			kept = appendRun(kept, src)
+			kept = appendRun(kept, sourceOf(p, va+k*pageSize))
 		}
 		i = j
 	}
@@ -567,62 +568,41 @@ func markData(mem *os.File, off int64, n uint64, check []bool) error {
 	return nil
 }
 
-// contentOf returns a reader of one page of what a VMA shows at an address,
-// and the source of that page. For a VMA that maps a region (mem != nil):
-// its kept pages over the region. Otherwise: its image pages over its base
-// (zeros, or the family file it maps).
-func contentOf(p *vmaPlan, mem *os.File, regOff int64) func(va uint64, buf []byte) (run, error) {
-	over := p.overlay
-	if mem != nil {
-		over = p.kept
-	}
-	return func(va uint64, buf []byte) (run, error) {
-		i, found := slices.BinarySearchFunc(over, va, func(r run, va uint64) int {
-			switch {
-			case r.end() <= va:
-				return -1
-			case r.vaddr > va:
-				return 1
-			}
-			return 0
-		})
-		var src run
+// sourceOf returns where the page of VMA p at address va comes from: its
+// own page in the image, else its base (the family file it maps, or zeros).
+func sourceOf(p *vmaPlan, va uint64) run {
+	i, found := slices.BinarySearchFunc(p.overlay, va, func(r run, va uint64) int {
 		switch {
-		case found:
-			src = over[i].slice(va, va+pageSize)
-		case mem != nil:
-			src = run{vaddr: va, n: 1, kind: srcFile, f: mem, off: regOff + int64(va-p.e.GetStart())}
-		case p.kind == vmaFamily:
-			src = run{vaddr: va, n: 1, kind: srcFile, f: p.base, off: p.baseOff + int64(va-p.e.GetStart())}
-		default:
-			src = run{vaddr: va, n: 1, kind: srcZero}
+		case r.end() <= va:
+			return -1
+		case r.vaddr > va:
+			return 1
 		}
-		src.flags = criuimg.PEPresent
-		if buf == nil {
-			return src, nil
-		}
-		if src.kind == srcZero {
-			clear(buf)
-			return src, nil
-		}
-		m, err := src.f.ReadAt(buf, src.off)
-		if err != nil && !errors.Is(err, io.EOF) {
-			return src, err
-		}
-		clear(buf[m:]) // past the end of the file: a hole, zeros
-		return src, nil
+		return 0
+	})
+	var src run
+	switch {
+	case found:
+		src = p.overlay[i].slice(va, va+pageSize)
+	case p.kind == vmaFamily:
+		src = run{vaddr: va, n: 1, kind: srcFile, f: p.base, off: p.baseOff + int64(va-p.e.GetStart())}
+	default:
+		src = run{vaddr: va, n: 1, kind: srcZero}
 	}
+	src.flags = criuimg.PEPresent
+	return src
 }
 
 // fillRange fills buf with what VMA p shows from address va on: its region
-// (mem at regOff, when it maps one) or its base, with its own pages on top.
+// alone (mem at regOff, when it maps one), or its base with its own pages on
+// top.
 func fillRange(p *vmaPlan, mem *os.File, regOff int64, va uint64, buf []byte) error {
 	over := p.overlay
 	var base *os.File
 	var baseOff int64
 	switch {
 	case mem != nil:
-		over, base, baseOff = p.kept, mem, regOff+int64(va-p.e.GetStart())
+		over, base, baseOff = nil, mem, regOff+int64(va-p.e.GetStart())
 	case p.kind == vmaFamily:
 		base, baseOff = p.base, p.baseOff+int64(va-p.e.GetStart())
 	}

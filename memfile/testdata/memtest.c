@@ -1,5 +1,7 @@
 // memtest: a process tree with a known heap, driven by signals, for the
-// memfile tests. Usage: memtest CTLDIR HEAP_MIB CHILDREN
+// memfile tests. Usage: memtest CTLDIR HEAP_MIB CHILDREN [DEPTH]
+// (each child dirties pages [0,10) of R, then forks a chain of DEPTH-1
+// descendants that keep those pages)
 //
 // Memory: R (HEAP_MIB, one word pattern per page "seed"), N (12 KiB right
 // after R, flags differ so it stays its own VMA), G (4 MiB with 64 MiB free
@@ -147,9 +149,13 @@ int main(int argc, char **argv) {
 	sigaddset(&block, SIGTTIN);
 	sigprocmask(SIG_BLOCK, &block, &old);
 
+	int depth = argc > 4 ? atoi(argv[4]) : 1;
 	for (int c = 0; c < children; c++) {
 		if (fork() == 0) {
 			for (size_t p = 0; p < 10 && p < npages; p++) fill_page(p, 2);
+			/* A chain below the child: grandchildren see the child's pages. */
+			for (int d = 1; d < depth; d++)
+				if (fork() != 0) break;
 			break;
 		}
 	}
