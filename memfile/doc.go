@@ -48,13 +48,16 @@
 //
 // Tasks are handled parents first. A child's VMA that ends where its
 // parent's converted VMA ends (and starts inside it) is compared page by
-// page with what the parent's region shows; if at most RebaseRatio of the
-// compared pages differ, the child maps the parent's region and keeps only
+// page with the parent's region of the file; if at most RebaseRatio of the
+// compared pages differ, the child maps the same region and keeps exactly
 // the differing pages in the image (pages it lacks but the region has are
 // kept as zero pages). Otherwise it gets its own slot. CRIU's own
 // copy-on-write between parent and child still works: the child's VMA has
 // the parent's file id and offset, which is what CRIU's check_cow_vmas
-// matches.
+// matches; CRIU then shares by comparison the pages both list, and drops
+// (MADV_DONTNEED: back to the file's bytes) the parent's pages the child
+// does not list, which is why the child lists every page where it differs
+// from the file, even one equal to its parent's.
 //
 // CRIU's check ignores the file offset, and a dump of a restored copy gives
 // one file id to every mapping of a memory file. So a child VMA that maps a
@@ -79,7 +82,8 @@
 // # Atomicity
 //
 // The memory file is written under a temporary name (.tmp-*, flocked by its
-// writer) and renamed into place only at commit. The new image is built in a
+// writer) and renamed into place at commit, under the family lock (which GC
+// takes too), just before the RewriteOptions.Stage hook runs. The new image is built in a
 // staging directory beside imageDir (unchanged files hard linked), including
 // lazyfork.json, then swapped with imageDir by one renameat2(RENAME_EXCHANGE):
 // whatever moment a rewrite dies at, imageDir is either the old image, intact,
