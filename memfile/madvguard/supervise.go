@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -112,6 +113,7 @@ type tracer struct {
 	s         *Supervisor
 	tracees   map[int]*tracee
 	detaching bool
+	maps      map[int]*os.File // /proc/<tgid>/maps, for PROCMAP_QUERY
 }
 
 func ptrace(req, pid int, addr, data uintptr) error {
@@ -128,7 +130,8 @@ func (s *Supervisor) loop(started chan<- error) {
 	sig := make(chan os.Signal, 16)
 	signal.Notify(sig, syscall.SIGCHLD)
 	defer signal.Stop(sig)
-	t := &tracer{s: s, tracees: map[int]*tracee{}}
+	t := &tracer{s: s, tracees: map[int]*tracee{}, maps: map[int]*os.File{}}
+	defer t.closeMaps()
 	if err := t.attachTree(); err != nil {
 		t.detachAll()
 		started <- err
@@ -245,7 +248,7 @@ func (t *tracer) onSeccomp(tid int, tr *tracee) {
 	}
 	addr := regs.Rdi
 	length := (regs.Rsi + 4095) &^ 4095
-	prot, ok := protOf(tr.tgid, addr, addr+length)
+	prot, ok := t.protOf(tr.tgid, addr, addr+length)
 	if !ok || addr&4095 != 0 || length == 0 {
 		regs.Orig_rax = ^uint64(0) // skip the call; rax is its result
 		regs.Rax = negErrno(unix.EINVAL)
@@ -328,6 +331,7 @@ func (t *tracer) detachAll() error {
 			delete(t.tracees, tid)
 		}
 	}
+	t.closeMaps() // a later attach may find other processes under the same pids
 	deadline := time.Now().Add(10 * time.Second)
 	for len(t.tracees) > 0 {
 		if time.Now().After(deadline) {
@@ -384,9 +388,71 @@ func tgidOf(tid int) int {
 	return tid
 }
 
+func (t *tracer) closeMaps() {
+	for k, f := range t.maps {
+		f.Close()
+		delete(t.maps, k)
+	}
+}
+
+// procmapQuery is struct procmap_query (linux/fs.h, Linux 6.11+).
+type procmapQuery struct {
+	Size, QueryFlags, QueryAddr, VmaStart, VmaEnd, VmaFlags, VmaPageSize, VmaOffset, Inode uint64
+	DevMajor, DevMinor, VmaNameSize, BuildIDSize                                           uint32
+	VmaNameAddr, BuildIDAddr                                                               uint64
+}
+
+const (
+	ioctlProcmapQuery = 0xC0686611 // _IOWR('f', 17, struct procmap_query)
+	pmqReadable       = 0x01
+	pmqWritable       = 0x02
+	pmqExecutable     = 0x04
+	pmqShared         = 0x08
+)
+
 // protOf returns the protection of [start, end) when private mappings of
-// one protection cover all of it.
-func protOf(tgid int, start, end uint64) (int, bool) {
+// one protection cover all of it. It asks the kernel per VMA with
+// PROCMAP_QUERY (no text to generate and parse: the call is on the
+// tracee's critical path), and falls back to parsing the maps file.
+func (t *tracer) protOf(tgid int, start, end uint64) (int, bool) {
+	f := t.maps[tgid]
+	if f == nil {
+		var err error
+		if f, err = os.Open(fmt.Sprintf("/proc/%d/maps", tgid)); err != nil {
+			return 0, false
+		}
+		t.maps[tgid] = f
+	}
+	next, prot := start, -1
+	for next < end {
+		q := procmapQuery{Size: uint64(unsafe.Sizeof(procmapQuery{})), QueryAddr: next}
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), ioctlProcmapQuery, uintptr(unsafe.Pointer(&q)))
+		if e == unix.ENOTTY || e == unix.EINVAL {
+			return protFromMaps(tgid, start, end) // kernel before 6.11
+		}
+		if e != 0 || q.VmaStart > next || q.VmaEnd <= next || q.VmaFlags&pmqShared != 0 {
+			return 0, false
+		}
+		p := 0
+		if q.VmaFlags&pmqReadable != 0 {
+			p |= unix.PROT_READ
+		}
+		if q.VmaFlags&pmqWritable != 0 {
+			p |= unix.PROT_WRITE
+		}
+		if q.VmaFlags&pmqExecutable != 0 {
+			p |= unix.PROT_EXEC
+		}
+		if prot >= 0 && p != prot {
+			return 0, false
+		}
+		prot, next = p, q.VmaEnd
+	}
+	return prot, prot >= 0
+}
+
+// protFromMaps is protOf by parsing /proc/<tgid>/maps.
+func protFromMaps(tgid int, start, end uint64) (int, bool) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", tgid))
 	if err != nil {
 		return 0, false
