@@ -478,3 +478,128 @@ func TestForkFailures(t *testing.T) {
 		t.Errorf("memory files left after the last holder went: %v", left)
 	}
 }
+
+// TestCtrFlows: a LazyFork container made with `ctr run`, checkpointed with
+// `ctr tasks checkpoint --image-path`, forked from that directory, and its fork
+// driven with ctr (ls, exec, pause, resume, metrics, kill, delete); then the
+// lazyfork CLI forks it, the parent is deleted, and the forks keep running.
+func TestCtrFlows(t *testing.T) {
+	e := startLF(t, harness.Options{})
+	ctx := e.ctx(t)
+	if _, err := e.ImportImage(ctx, "python"); err != nil {
+		t.Fatal(err)
+	}
+	id := "ctr-" + lfRandom(4)
+	logPath := e.TaskLogPath(id)
+	args := append([]string{"run", "-d", "--runtime", lfRuntime, "--runc-root", e.RuncRoot,
+		"--cgroup", e.CgroupPath(id), "--log-uri", "file://" + logPath, harness.PythonImage, id}, pyHold(32, "")...)
+	e.ctr(t, args...)
+	parent := &counter{e: e, id: id}
+	parent.waitLine(t, ctx, 0, "tick 3")
+	if st := e.taskStatus(t, id); st != "RUNNING" {
+		t.Fatalf("ctr tasks ls: %s is %q", id, st)
+	}
+
+	dir := filepath.Join(e.Dir, "ckpt-"+id)
+	e.ctr(t, "tasks", "checkpoint", "--image-path", dir, id)
+	snap, err := memfile.ReadSnapshot(dir)
+	if err != nil {
+		t.Fatalf("ctr tasks checkpoint --image-path did not leave a LazyFork snapshot: %v", err)
+	}
+	if snap.Family != id {
+		t.Errorf("snapshot family %q, want %q", snap.Family, id)
+	}
+	pages, _ := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	var size int64
+	for _, p := range pages {
+		if st, err := os.Stat(p); err == nil {
+			size += st.Size()
+		}
+	}
+	if size > 8<<20 {
+		t.Errorf("snapshot keeps %d bytes of pages for a 32 MiB heap", size)
+	}
+	if st := e.taskStatus(t, id); st != "RUNNING" {
+		t.Errorf("after checkpoint the parent is %q", st)
+	}
+
+	// A fork restored from the directory ctr wrote.
+	parentCtr, err := e.Client().LoadContainer(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fid := "cf-" + lfRandom(4)
+	fctr, err := e.CloneContainer(ctx, parentCtr, fid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.StartTask(ctx, fctr, containerd.WithRestoreImagePath(dir)); err != nil {
+		t.Fatal(err)
+	}
+	fork := &counter{e: e, id: fid}
+	checkContinues(t, ctx, parent, fork)
+
+	out := e.ctr(t, "tasks", "ls")
+	if !strings.Contains(out, fid) || !strings.Contains(out, id) {
+		t.Errorf("ctr tasks ls does not list parent and fork:\n%s", out)
+	}
+	if got := strings.TrimSpace(e.ctr(t, "tasks", "exec", "--exec-id", "oc", fid, "cat", "/proc/sys/vm/overcommit_memory")); got != "2" {
+		t.Errorf("exec in the fork: overcommit %q", got)
+	}
+	e.ctr(t, "tasks", "pause", fid)
+	if st := e.taskStatus(t, fid); st != "PAUSED" {
+		t.Errorf("after pause: %q", st)
+	}
+	e.ctr(t, "tasks", "resume", fid)
+	if st := e.taskStatus(t, fid); st != "RUNNING" {
+		t.Errorf("after resume: %q", st)
+	}
+	skip := len(fork.lines(t))
+	fork.waitLine(t, ctx, skip, "tick ")
+	if m := e.ctr(t, "tasks", "metrics", fid); !strings.Contains(m, "memory") {
+		t.Errorf("ctr tasks metrics of the fork:\n%s", m)
+	}
+	e.ctr(t, "tasks", "kill", "-s", "SIGKILL", fid)
+	deadline := time.Now().Add(30 * time.Second)
+	for e.taskStatus(t, fid) != "STOPPED" && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.ctr(t, "tasks", "delete", fid)
+	e.ctr(t, "containers", "delete", fid)
+	if strings.Contains(e.ctr(t, "containers", "ls"), fid) {
+		t.Errorf("fork container still listed")
+	}
+
+	// The lazyfork CLI; then the parent goes and its forks stay.
+	cli := exec.Command(filepath.Join(e.Bin, "lazyfork"), "--address", e.Address, "--namespace", e.Namespace,
+		"--root", e.Root, "fork", id, "-n", "2")
+	b, err := cli.CombinedOutput()
+	if err != nil {
+		t.Fatalf("lazyfork fork: %v\n%s", err, b)
+	}
+	ids := strings.Fields(string(b))
+	if len(ids) != 2 {
+		t.Fatalf("lazyfork fork printed %q, want two ids", b)
+	}
+	for _, f := range ids {
+		if st := e.taskStatus(t, f); st != "RUNNING" {
+			t.Errorf("CLI fork %s is %q", f, st)
+		}
+	}
+	e.ctr(t, "tasks", "kill", "-s", "SIGKILL", id)
+	deadline = time.Now().Add(30 * time.Second)
+	for e.taskStatus(t, id) != "STOPPED" && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.ctr(t, "tasks", "delete", id)
+	e.ctr(t, "containers", "delete", id)
+	time.Sleep(500 * time.Millisecond)
+	for _, f := range ids {
+		if st := e.taskStatus(t, f); st != "RUNNING" {
+			t.Errorf("after the parent was deleted, fork %s is %q", f, st)
+		}
+		if got := strings.TrimSpace(e.ctr(t, "tasks", "exec", "--exec-id", "alive", f, "python3", "-c", "print(6*7)")); got != "42" {
+			t.Errorf("exec in %s after its parent went: %q", f, got)
+		}
+	}
+}

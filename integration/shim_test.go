@@ -255,3 +255,37 @@ func TestShimTTY(t *testing.T) {
 	}
 }
 
+
+// ctr runs the ctr binary against the private containerd.
+func (e *lfEnv) ctr(t *testing.T, args ...string) string {
+	t.Helper()
+	full := append([]string{"--address", e.Address, "--namespace", e.Namespace}, args...)
+	out, err := exec.Command("ctr", full...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ctr %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return stripCgroupWarning(string(out))
+}
+
+// stripCgroupWarning drops ctr's cgroup v1 deprecation warning.
+func stripCgroupWarning(s string) string {
+	var keep []string
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.Contains(l, "DEPRECATION") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// taskStatus reads a task's status from `ctr tasks ls`.
+func (e *lfEnv) taskStatus(t *testing.T, id string) string {
+	t.Helper()
+	for _, l := range strings.Split(e.ctr(t, "tasks", "ls"), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && f[0] == id {
+			return f[2]
+		}
+	}
+	return ""
+}
