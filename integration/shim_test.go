@@ -255,7 +255,6 @@ func TestShimTTY(t *testing.T) {
 	}
 }
 
-
 // ctr runs the ctr binary against the private containerd.
 func (e *lfEnv) ctr(t *testing.T, args ...string) string {
 	t.Helper()
