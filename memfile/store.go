@@ -443,7 +443,9 @@ func mappedFiles(cands map[fileKey]string) map[fileKey]bool {
 	return out
 }
 
-// writeJSONAtomic writes v as JSON to path through a temporary file and a rename.
+// writeJSONAtomic writes v as JSON to path through a temporary file and a
+// rename: a reader sees the old or the new file, never a torn one. No fsync:
+// LazyFork's state lives on a tmpfs and does not outlive a reboot.
 func writeJSONAtomic(path string, v any, mode os.FileMode) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
@@ -459,10 +461,6 @@ func writeJSONAtomic(path string, v any, mode os.FileMode) error {
 		return err
 	}
 	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return err
 	}
