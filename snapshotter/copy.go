@@ -354,8 +354,12 @@ func (c *layerCopier) copyRange(out, in *os.File, off, n int64) error {
 		return c.readWrite(out, in, off, n)
 	}
 	for n > 0 {
+		// 64 MiB at a time, so that a cancelled freeze stops soon.
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
 		roff, woff := off, off
-		w, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(min(n, 1<<30)), 0)
+		w, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(min(n, 64<<20)), 0)
 		if err != nil || w == 0 {
 			// EXDEV/ENOSYS/EINVAL or a short source: plain read/write.
 			return c.readWrite(out, in, off, n)
@@ -370,6 +374,19 @@ func (c *layerCopier) readWrite(out, in *os.File, off, n int64) error {
 	if c.buf == nil {
 		c.buf = make([]byte, 1<<20)
 	}
-	_, err := io.CopyBuffer(io.NewOffsetWriter(out, off), io.NewSectionReader(in, off, n), c.buf)
+	_, err := io.CopyBuffer(io.NewOffsetWriter(out, off), ctxReader{c.ctx, io.NewSectionReader(in, off, n)}, c.buf)
 	return err
+}
+
+// ctxReader stops a read/write copy when its context is cancelled.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r ctxReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
 }

@@ -50,7 +50,10 @@ func New(ctx context.Context, cfg Config, version string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, sn: sn, grpc: grpc.NewServer()}
+	// WaitForHandlers: Stop returns only once cancelled calls have cleaned
+	// up (a cancelled freeze removes its partial copy) and before the
+	// metadata store closes under them.
+	s := &Server{cfg: cfg, sn: sn, grpc: grpc.NewServer(grpc.WaitForHandlers(true))}
 	snapshotsapi.RegisterSnapshotsServer(s.grpc, snapshotservice.FromSnapshotter(sn))
 	s.ttrpc, err = ttrpc.NewServer()
 	if err != nil {
