@@ -99,7 +99,7 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 
 	rw := &rewriter{
 		store: s, opts: opts, ratio: ratio, imageDir: imageDir, famDir: famDir,
-		cp: newCopier(), famFiles: map[uint32]string{}, opened: map[string]*os.File{},
+		cp: newCopier(), famFiles: map[uint32]string{}, opened: map[string]*os.File{}, maps: map[*os.File][]byte{},
 	}
 	defer rw.close()
 	defer func() {
@@ -147,6 +147,7 @@ type rewriter struct {
 	files    *criuimg.FilesImage
 	famFiles map[uint32]string   // reg-file id -> family file name, for files under MapDir
 	opened   map[string]*os.File // family files opened for reading
+	maps     map[*os.File][]byte // read-only mappings of pages images (see mapped)
 	mntID    *int32
 
 	rebase  bool
@@ -170,6 +171,11 @@ func (rw *rewriter) close() {
 	}
 	for _, f := range rw.opened {
 		f.Close()
+	}
+	for _, m := range rw.maps {
+		if m != nil {
+			unix.Munmap(m)
+		}
 	}
 	if rw.mem != nil {
 		rw.mem.Close()
@@ -514,15 +520,19 @@ func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
 		}
 		va := p.e.GetStart() + i*pageSize
 		sz := (j - i) * pageSize
-		if err := fillRange(p, nil, 0, va, a[:sz]); err != nil {
-			return false, err
+		mineBuf := rw.mapped(p, va, sz)
+		if mineBuf == nil {
+			mineBuf = a[:sz]
+			if err := fillRange(p, nil, 0, va, mineBuf); err != nil {
+				return false, err
+			}
 		}
 		if err := fillRange(pp, rw.mem, pp.regOff, va, b[:sz]); err != nil {
 			return false, err
 		}
 		for k := uint64(0); k < j-i; k++ {
 			checked++
-			if bytes.Equal(a[k*pageSize:(k+1)*pageSize], b[k*pageSize:(k+1)*pageSize]) {
+			if bytes.Equal(mineBuf[k*pageSize:(k+1)*pageSize], b[k*pageSize:(k+1)*pageSize]) {
 				continue
 			}
 			differ++
@@ -538,6 +548,43 @@ func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
 	}
 	p.region, p.regOff, p.kept = pp.region, regOff, kept
 	return true, nil
+}
+
+// mapped returns p's own pages for [va, va+sz) straight from a mapping of
+// its pages image when one run holds them all (saves a copy per compared
+// page), or nil.
+func (rw *rewriter) mapped(p *vmaPlan, va, sz uint64) []byte {
+	i, found := slices.BinarySearchFunc(p.overlay, va, func(r run, va uint64) int {
+		switch {
+		case r.end() <= va:
+			return -1
+		case r.vaddr > va:
+			return 1
+		}
+		return 0
+	})
+	if !found {
+		return nil
+	}
+	r := p.overlay[i]
+	if r.kind != srcFile || r.end() < va+sz {
+		return nil
+	}
+	m, ok := rw.maps[r.f]
+	if !ok {
+		m = nil
+		if st, err := r.f.Stat(); err == nil && st.Size() > 0 {
+			if b, err := unix.Mmap(int(r.f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED); err == nil {
+				m = b
+			}
+		}
+		rw.maps[r.f] = m
+	}
+	off := r.off + int64(va-r.vaddr)
+	if m == nil || off+int64(sz) > int64(len(m)) {
+		return nil
+	}
+	return m[off : off+int64(sz)]
 }
 
 // markData marks the pages of mem's [off, off+n pages) that hold data.
