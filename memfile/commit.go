@@ -133,6 +133,9 @@ func (rw *rewriter) stage(ctx context.Context) error {
 	}
 	for _, fe := range rw.clones {
 		files.Add(fe)
+		if name, ok := rw.famFiles[fe.GetId()]; ok {
+			pinned[name] = true
+		}
 	}
 	if len(rw.regions) > 0 {
 		pinned[rw.memName] = true
