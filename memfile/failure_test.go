@@ -87,6 +87,7 @@ func TestBadImages(t *testing.T) {
 		}, errdefs.ErrInvalidArgument, "bad magic"},
 		{"missing files.img", func(d string) { os.Remove(criuimg.FilesPath(d)) }, errdefs.ErrNotFound, "files.img"},
 		{"missing pages", func(d string) { os.Remove(criuimg.PagesPath(d, 2)) }, errdefs.ErrNotFound, "pages-2.img"},
+		{"missing mm of a live task", func(d string) { os.Remove(criuimg.MMPath(d, 2)) }, errdefs.ErrNotFound, "mm-2.img"},
 		{"garbage pstree", func(d string) {
 			os.WriteFile(criuimg.PstreePath(d), []byte{0x19, 0x43, 0x56, 0x54, 0x30, 0x30, 0x27, 0x50, 200, 0, 0, 0, 1, 2}, 0o644)
 		}, errdefs.ErrDataLoss, "pstree.img"},

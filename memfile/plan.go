@@ -38,6 +38,9 @@ const (
 
 const pageSize = criuimg.PageSize
 
+// taskDead is CRIU's task state of a zombie (criu/include/pstree.h).
+const taskDead = 2
+
 // srcKind says where the bytes of a run of pages come from.
 type srcKind int
 

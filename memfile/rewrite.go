@@ -242,8 +242,11 @@ func (rw *rewriter) load() error {
 		rw.tasks = append(rw.tasks, t)
 		if t.mm, err = criuimg.ReadMM(rw.imageDir, pid); err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
-				t.mm = nil // a zombie has no memory
-				continue
+				// Only a zombie (CRIU's TASK_DEAD) has no memory image.
+				if core, cerr := criuimg.ReadCore(rw.imageDir, pid); cerr == nil && core.GetTc().GetTaskState() == taskDead {
+					t.mm = nil
+					continue
+				}
 			}
 			return err
 		}
