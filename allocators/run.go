@@ -209,25 +209,27 @@ func (c Copy) String() string {
 }
 
 // MemfilePrepare rewrites each dump into memory files of family (plain
-// processes: the files are mapped at their host paths), then guards it in
-// mode, or leaves it unguarded when mode is nil.
+// processes: the files are mapped at their host paths) and, unless mode is
+// nil, guards it in mode inside the rewrite (its Stage hook), so the guard
+// lands atomically with the rewrite.
 func MemfilePrepare(store *memfile.Store, family string, mode *madvguard.Mode) (Prepare, error) {
 	famDir, err := store.FamilyDir(family)
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context, dir string, gen int) error {
-		if _, err := store.Rewrite(ctx, dir, memfile.RewriteOptions{Family: family, MapDir: famDir}); err != nil {
-			return err
+		opts := memfile.RewriteOptions{Family: family, MapDir: famDir}
+		if mode != nil {
+			opts.Stage = func(ctx context.Context, staging string) error {
+				rs, err := madvguard.DataRanges(staging, famDir, famDir)
+				if err != nil {
+					return err
+				}
+				return madvguard.ApplyMode(staging, rs, *mode)
+			}
 		}
-		if mode == nil {
-			return nil
-		}
-		rs, err := madvguard.DataRanges(dir, famDir, famDir)
-		if err != nil {
-			return err
-		}
-		return madvguard.ApplyMode(dir, rs, *mode)
+		_, err := store.Rewrite(ctx, dir, opts)
+		return err
 	}, nil
 }
 
