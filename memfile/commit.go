@@ -31,8 +31,16 @@ func removeStaleStaging(imageDir string) {
 // stage builds the complete new image beside imageDir: unchanged files hard
 // linked, changed ones written anew.
 func (rw *rewriter) stage(ctx context.Context) error {
+	st, err := os.Stat(rw.imageDir)
+	if err != nil {
+		return err
+	}
 	rw.staging = rw.imageDir + stagingInfix + randHex(6)
 	if err := os.Mkdir(rw.staging, 0o700); err != nil {
+		return err
+	}
+	// The swapped-in directory keeps the image directory's mode.
+	if err := os.Chmod(rw.staging, st.Mode().Perm()); err != nil {
 		return err
 	}
 	if err := rw.splitCOWIDs(); err != nil {
@@ -57,6 +65,7 @@ func (rw *rewriter) stage(ctx context.Context) error {
 		}
 	}
 	var kept, mapped uint64
+	var fdIDs map[uint32]bool
 	for _, t := range rw.tasks {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -110,7 +119,7 @@ func (rw *rewriter) stage(ctx context.Context) error {
 		}
 		used[t.mm.MM.GetExeFileId()] = true
 	}
-	fdIDs, err := fdinfoIDs(rw.imageDir)
+	fdIDs, err = fdinfoIDs(rw.imageDir)
 	if err != nil {
 		return err
 	}
@@ -245,7 +254,11 @@ func linkTree(src, dst string, skip map[string]bool) error {
 		case rel == ".":
 			return nil
 		case d.IsDir():
-			return os.Mkdir(target, 0o700)
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			return os.Mkdir(target, info.Mode().Perm())
 		case skip[path]:
 			return nil
 		case d.Type()&fs.ModeSymlink != 0:
