@@ -35,14 +35,8 @@
 //   - Holes cost nothing until touched. A read of a hole inside a VMA (a
 //     page the process never touched) allocates a page in the file (shmem
 //     semantics), charged to the copy that touched it; pages that were in the
-//     dump are never holes. Only what a copy touches beyond the dumped pages
-//     costs memory, exactly as with anonymous memory.
-//
-// Within a VMA that the kernel had already merged from two allocations
-// before the dump, the boundary is invisible: an mremap growth of the first
-// allocation (which moves it) reads the second one's bytes where anonymous
-// memory would read zeros. Programs do not rely on that (realloc does not
-// zero), but an allocator that does would see stale bytes.
+//     dump are never holes. The page a hole gets is shared by every copy that
+//     touches it later and stays in the file (charged to the first toucher).
 //
 // # Process trees
 //
@@ -109,8 +103,21 @@
 // # Not supported
 //
 // Incremental (pre-dump, parent images) and lazy-pages dumps: pages outside
-// the image are an ErrNotImplemented error. Allocators that count on
-// MADV_DONTNEED zeroing memory (jemalloc): in a copy, MADV_DONTNEED on a
-// private file mapping brings back the file's bytes, not zeros (see
-// package memfile/madvguard for the fix).
+// the image are an ErrNotImplemented error.
+//
+// Programs that count on MADV_DONTNEED zeroing memory: in a copy, DONTNEED
+// on a private file mapping brings back the file's bytes, not zeros. jemalloc
+// does (FACTS), and so does the Go runtime from Go 1.26 on: it treats
+// scavenged pages as already zeroed (runtime/mheap.go, initSpan) and hands
+// out stale bytes in a copy (measured: the goheap workload fails its zero
+// check in every copy). The madvise guard of package memfile/madvguard,
+// applied through RewriteOptions.Stage, makes such calls fail; jemalloc then
+// memsets and Go falls back to mmap(MAP_FIXED|MAP_ANONYMOUS) (measured: the
+// Go workload passes).
+//
+// mremap growth of part of a VMA: if the kernel had merged two anonymous
+// mappings into one VMA before the dump, growing the first one moves it and
+// its new tail shows the second one's bytes instead of zeros. The boundary
+// between the two is nowhere in the dump, and a VMA maps one contiguous file
+// range, so no layout can hide it. Growth of a whole VMA reads zeros.
 package memfile
