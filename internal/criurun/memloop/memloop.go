@@ -120,12 +120,8 @@ func (l *Loop) Rewrite(ctx context.Context, dir string) (*memfile.Result, error)
 	opts := memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir}
 	if l.Guard {
 		opts.Stage = func(ctx context.Context, staging string) error {
-			files, cleanup, err := l.stagedFiles(staging)
-			if err != nil {
-				return err
-			}
-			defer cleanup()
-			ranges, err := madvguard.DataRanges(staging, l.MapDir, files)
+			// The hook runs with the new memory file at its final path.
+			ranges, err := madvguard.DataRanges(staging, l.MapDir, l.MapDir)
 			if err != nil {
 				return err
 			}
@@ -137,32 +133,6 @@ func (l *Loop) Rewrite(ctx context.Context, dir string) (*memfile.Result, error)
 		return nil, fmt.Errorf("rewrite %s: %w", dir, err)
 	}
 	return r, nil
-}
-
-// stagedFiles gives the guard a directory where every file the staged snapshot
-// maps can be opened by name: while the Stage hook runs, the rewrite's new file
-// still has its temporary name (memfile's ".tmp-" prefix) in the family directory.
-func (l *Loop) stagedFiles(staging string) (string, func(), error) {
-	info, err := memfile.ReadSnapshot(staging)
-	if err != nil {
-		return "", nil, err
-	}
-	dir, err := os.MkdirTemp("", "memloop-guard-")
-	if err != nil {
-		return "", nil, err
-	}
-	cleanup := func() { os.RemoveAll(dir) }
-	for _, f := range info.Files {
-		src := filepath.Join(l.MapDir, f)
-		if _, err := os.Stat(src); err != nil {
-			src = filepath.Join(l.MapDir, ".tmp-"+f)
-		}
-		if err := os.Symlink(src, filepath.Join(dir, f)); err != nil {
-			cleanup()
-			return "", nil, err
-		}
-	}
-	return dir, cleanup, nil
 }
 
 // Copy is a restored copy.
