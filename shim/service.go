@@ -237,15 +237,20 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 	if st.Snapshot != "" {
 		removeCgroup(ctx, st.CgroupsPath)
 	}
-	if st.Holder == "" {
+	if st.Family == "" {
 		return nil
 	}
 	store, err := memfile.OpenStore(cfg.MemRoot())
 	if err != nil {
 		return err
 	}
-	if err := store.Unref(st.Family, st.Holder); err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("unref %s in family %s: %w", st.Holder, st.Family, err)
+	for _, h := range []string{st.Holder, exportHolder(st.Namespace, st.ID)} {
+		if h == "" {
+			continue
+		}
+		if err := store.Unref(st.Family, h); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("unref %s in family %s: %w", h, st.Family, err)
+		}
 	}
 	st.Holder = ""
 	return nil
@@ -369,10 +374,15 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	res, err := store.Rewrite(ctx, r.Path, memfile.RewriteOptions{
-		Family: st.Family,
-		MapDir: memfile.MountPath,
-	})
+	ropts := memfile.RewriteOptions{Family: st.Family, MapDir: memfile.MountPath}
+	if opts.GetImagePath() == "" {
+		// containerd checkpoints into a temporary directory and exports it to
+		// its content store (ctr and nerdctl without an image path, CRI): that
+		// directory dies at once, so the container itself pins the exported
+		// snapshots' files until it is deleted.
+		ropts.Holder = exportHolder(st.Namespace, st.ID)
+	}
+	res, err := store.Rewrite(ctx, r.Path, ropts)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("lazyfork: rewrite checkpoint %s of %s into family %s (the directory keeps runc's plain image): %w", r.Path, r.ID, st.Family, err))
 	}

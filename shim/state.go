@@ -52,3 +52,7 @@ func readState(bundle string) (*containerState, error) {
 
 // containerHolder is the memfile reference a container holds.
 func containerHolder(ns, id string) string { return "container:" + ns + "/" + id }
+
+// exportHolder is the memfile reference a container holds on the files of the
+// snapshots containerd exported to its content store.
+func exportHolder(ns, id string) string { return "export:" + ns + "/" + id }
