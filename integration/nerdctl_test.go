@@ -3,8 +3,8 @@ package integration
 import (
 	"fmt"
 	"os/exec"
-	"strconv"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
