@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -32,6 +33,7 @@ import (
 
 type result struct {
 	FS          string // filesystem of the snapshotter root
+	Runs        int    // medians of this many runs
 	SizeBytes   int64
 	Method      string // "frozen-layer" or "copy-per-fork"
 	Mechanism   string // how data moved: reflink, copy_file_range, none
@@ -50,6 +52,7 @@ func main() {
 	forks := flag.Int("forks", 10, "forks per size")
 	dir := flag.String("dir", "/var/tmp", "directory on the filesystem to measure (the snapshotter root's)")
 	out := flag.String("out", "bench/results", "directory for snapshotter.csv and snapshotter.png")
+	runs := flag.Int("runs", 3, "runs per size; the table shows medians (shared machines are noisy)")
 	xfs := flag.Bool("xfs", true, "also measure on a loop-mounted XFS with reflinks (needs mkfs.xfs)")
 	flag.Parse()
 
@@ -61,11 +64,15 @@ func main() {
 	var results []result
 	runAll := func(dir string) error {
 		for _, size := range sizes {
-			r, err := runSize(ctx, dir, size, *forks)
-			if err != nil {
-				return fmt.Errorf("%s on %s: %w", human(size), dir, err)
+			var all [][]result
+			for range max(*runs, 1) {
+				r, err := runSize(ctx, dir, size, *forks)
+				if err != nil {
+					return fmt.Errorf("%s on %s: %w", human(size), dir, err)
+				}
+				all = append(all, r)
 			}
-			results = append(results, r...)
+			results = append(results, medians(all)...)
 		}
 		return nil
 	}
@@ -420,12 +427,12 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"fs", "upper_bytes", "method", "mechanism", "forks", "freeze_s", "freeze_running_s", "prepare_per_fork_s", "total_per_fork_s", "parent_frozen_s", "du_bytes", "fs_used_delta_bytes"})
+	w.Write([]string{"fs", "upper_bytes", "method", "mechanism", "forks", "freeze_s", "freeze_running_s", "prepare_per_fork_s", "total_per_fork_s", "parent_frozen_s", "du_bytes", "fs_used_delta_bytes", "runs"})
 	for _, r := range rs {
 		w.Write([]string{
 			r.FS, strconv.FormatInt(r.SizeBytes, 10), r.Method, r.Mechanism, strconv.Itoa(r.Forks),
 			fmt.Sprintf("%.6f", r.FreezeSec), fmt.Sprintf("%.6f", r.BulkSec), fmt.Sprintf("%.6f", r.PrepareSec), fmt.Sprintf("%.6f", r.PerForkSec),
-			fmt.Sprintf("%.6f", r.ParentPause), strconv.FormatInt(r.DiskBytes, 10), strconv.FormatInt(r.FSUsedDelta, 10),
+			fmt.Sprintf("%.6f", r.ParentPause), strconv.FormatInt(r.DiskBytes, 10), strconv.FormatInt(r.FSUsedDelta, 10), strconv.Itoa(r.Runs),
 		})
 	}
 	w.Flush()
@@ -491,4 +498,29 @@ func withXFS(dir string, size int64, fn func(string) error) (err error) {
 		}
 	}()
 	return fn(mnt)
+}
+
+// medians combines runs field by field (each run yields the same rows).
+func medians(runs [][]result) []result {
+	out := make([]result, len(runs[0]))
+	for i := range out {
+		out[i] = runs[0][i]
+		f := func(get func(result) float64) float64 {
+			vs := make([]float64, len(runs))
+			for j, r := range runs {
+				vs[j] = get(r[i])
+			}
+			sort.Float64s(vs)
+			return vs[len(vs)/2]
+		}
+		out[i].FreezeSec = f(func(r result) float64 { return r.FreezeSec })
+		out[i].BulkSec = f(func(r result) float64 { return r.BulkSec })
+		out[i].PrepareSec = f(func(r result) float64 { return r.PrepareSec })
+		out[i].PerForkSec = f(func(r result) float64 { return r.PerForkSec })
+		out[i].ParentPause = f(func(r result) float64 { return r.ParentPause })
+		out[i].DiskBytes = int64(f(func(r result) float64 { return float64(r.DiskBytes) }))
+		out[i].FSUsedDelta = int64(f(func(r result) float64 { return float64(r.FSUsedDelta) }))
+		out[i].Runs = len(runs)
+	}
+	return out
 }
