@@ -127,6 +127,12 @@ func removeSnapshots(ctx context.Context, sn snapshots.Snapshotter) error {
 // ShimPIDs returns the PIDs of shim processes serving the containerd at address
 // (any process whose argv holds `-address <address>`).
 func ShimPIDs(address string) []int {
+	return pidsWithArgs("-address", address)
+}
+
+// pidsWithArgs returns the processes whose argv holds flag immediately followed
+// by value.
+func pidsWithArgs(flag, value string) []int {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -143,7 +149,7 @@ func ShimPIDs(address string) []int {
 		}
 		args := bytes.Split(b, []byte{0})
 		for i := 0; i+1 < len(args); i++ {
-			if string(args[i]) == "-address" && string(args[i+1]) == address {
+			if string(args[i]) == flag && string(args[i+1]) == value {
 				pids = append(pids, pid)
 				break
 			}
@@ -186,6 +192,7 @@ func waitGone(pid int, timeout time.Duration) bool {
 type mountEntry struct {
 	point  string
 	fstype string
+	super  string // super options, e.g. "rw,memory" for a v1 memory hierarchy
 }
 
 func readMounts() ([]mountEntry, error) {
@@ -209,7 +216,11 @@ func readMounts() ([]mountEntry, error) {
 		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
 			continue
 		}
-		out = append(out, mountEntry{point: unescapeMount(fields[4]), fstype: fields[sep+1]})
+		e := mountEntry{point: unescapeMount(fields[4]), fstype: fields[sep+1]}
+		if sep+3 < len(fields) {
+			e.super = fields[sep+3]
+		}
+		out = append(out, e)
 	}
 	return out, sc.Err()
 }

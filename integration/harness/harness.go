@@ -293,6 +293,16 @@ func (c *Containerd) Stop() error {
 
 func (c *Containerd) stopDaemon() error {
 	if c.cmd == nil || c.cmd.Process == nil {
+		// Reaped harness: not our child, find the daemon by its config path.
+		for _, pid := range pidsWithArgs("--config", filepath.Join(c.Dir, "config.toml")) {
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+			if !waitGone(pid, 10*time.Second) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				if !waitGone(pid, 10*time.Second) {
+					return fmt.Errorf("harness: containerd pid %d does not die", pid)
+				}
+			}
+		}
 		return nil
 	}
 	select {
@@ -315,6 +325,32 @@ func (c *Containerd) stopDaemon() error {
 	}
 }
 
+// Reap tears down the leftovers of a harness whose process died without Stop
+// (a crashed or killed test): dir is its Dir, e.g. /tmp/lfh-0f4a35d1-940176563.
+// It is `Stop` for a harness this process did not start.
+func Reap(ctx context.Context, dir string) error {
+	dir = filepath.Clean(dir)
+	base := filepath.Base(dir)
+	parts := strings.Split(base, "-")
+	if len(parts) != 3 || parts[0] != "lfh" || len(parts[1]) != 8 {
+		return fmt.Errorf("harness: %s is not a harness dir (lfh-ID-N): %w", dir, errdefs.ErrInvalidArgument)
+	}
+	id := parts[1]
+	c := &Containerd{
+		ID: id, Dir: dir, Root: filepath.Join(dir, "root"), State: filepath.Join(dir, "state"),
+		Address: filepath.Join(dir, "c.sock"), Namespace: "lfh-" + id,
+		ShimSocketDir: filepath.Join(dir, "s"), RuncRoot: filepath.Join(dir, "runc"),
+		CgroupParent: "/lfh-" + id, LogPath: filepath.Join(dir, "containerd.log"),
+		exited: make(chan struct{}),
+	}
+	if len(pidsWithArgs("--config", filepath.Join(dir, "config.toml"))) > 0 {
+		cl, err := client.New(c.Address, client.WithDefaultNamespace(c.Namespace), client.WithTimeout(5*time.Second))
+		if err == nil {
+			c.client = cl
+		}
+	}
+	return c.Stop()
+}
 func randomID() (string, error) {
 	b := make([]byte, 4)
 	if _, err := rand.Read(b); err != nil {

@@ -3,13 +3,14 @@
 
 Usage: python3 counter.py HEAP_MIB [--out FILE] [--interval SECONDS]
 
-Python 3 standard library only. In the python test image it lives at
+Python 3 standard library only, and only modules python3-minimal has (no mmap,
+no ctypes). In the python test image it lives at
 /opt/lazyfork/workloads/counter.py.
 
 Protocol (one line per event on stdout, flushed; also appended to FILE with --out):
 
   ready heap_mib=M pages=P fill_s=S pid=N
-      once the heap (a private anonymous mapping) is filled: P pages of 4 KiB, page i holding
+      once the heap (a bytearray) is filled: P pages of 4 KiB, page i holding
       a pattern derived from i (8-byte words, see page_pattern), so a page moved,
       lost, zeroed or shared with a writer shows up in a verify.
   tick N
@@ -31,7 +32,6 @@ Do not use --out in a container that will be checkpointed and restored elsewhere
 CRIU checks an open file's size on restore.
 """
 
-import mmap
 import os
 import signal
 import struct
@@ -59,10 +59,9 @@ class Counter:
         self.written = {}  # page -> marker written there by this process
         self.writes = 0
         t0 = time.monotonic()
-        # A private anonymous mapping is what a large bytearray is underneath
-        # (malloc -> mmap), minus bytearray's zeroing pass over every page: each
-        # page is touched once, by the fill. Filled 1 MiB per assignment.
-        self.heap = mmap.mmap(-1, self.npages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # python3-minimal has no mmap module: a bytearray is malloc'd (an mmap
+        # for this size), zeroed, then filled 1 MiB per assignment.
+        self.heap = bytearray(self.npages * PAGE)
         mv = memoryview(self.heap)
         chunk = (1 << 20) // PAGE
         for first in range(0, self.npages, chunk):
