@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 
@@ -48,6 +49,10 @@ func LoadConfig(path string) (Config, error) {
 	d := toml.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&cfg); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			return cfg, fmt.Errorf("config %s: unknown keys:\n%s: %w", path, strict.String(), errdefs.ErrInvalidArgument)
+		}
 		return cfg, fmt.Errorf("config %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
 	}
 	return cfg, nil
