@@ -57,9 +57,11 @@ Examples:
   lazyfork-memfile --workload go --generations 9 -n 1
   lazyfork-memfile --workload c --plain -n 3      # plain CRIU, for comparison
 
---pid works only for a process that is PID 1 of its own PID namespace (started with
-"unshare --pid --fork PROG", for instance): copies of any other process would need
-the very PIDs the original still holds.
+--pid works only for a process that is PID 1 of its own PID namespace and leads its
+own session (started with "unshare --pid --fork setsid PROG", for instance; not
+with --kill-child: CRIU restores that parent-death signal, and every copy dies as
+soon as CRIU exits): copies of any other process would need the very PIDs the original still
+holds, and CRIU cannot dump a namespace whose session leader is outside it.
 
 Flags:
 `

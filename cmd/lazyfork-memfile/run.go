@@ -103,7 +103,7 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 			return fmt.Errorf("--pid %d: %w", c.pid, err)
 		}
 		if !ok && !c.plain || !ok && c.n > 0 {
-			return fmt.Errorf("--pid %d is not PID 1 of its own PID namespace: its copies would need the PIDs it still holds; start it with `unshare --pid --fork --kill-child PROG`, or let this tool start it with --cmd", c.pid)
+			return fmt.Errorf("--pid %d is not PID 1 of its own PID namespace: its copies would need the PIDs it still holds; start it with `unshare --pid --fork setsid PROG`, or let this tool start it with --cmd", c.pid)
 		}
 		what = fmt.Sprintf("pid %d", c.pid)
 	default:

@@ -79,13 +79,19 @@ func Dump(ctx context.Context, pid int, dir string, opts DumpOptions) (*DumpResu
 	if meta.PIDNS, err = IsPIDNSInit(pid); err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
+	st, err := readStat(pid)
+	if err != nil {
+		return nil, fmt.Errorf("dump: %w", err)
+	}
+	if meta.PIDNS && st.sid != pid {
+		// CRIU refuses it ("A session leader ... is outside of its pid namespace"),
+		// and --shell-job does not help for a namespace.
+		return nil, fmt.Errorf("dump: pid %d is PID 1 of its namespace, but its session leader (%d) is outside: start it in a session of its own (`unshare --pid --fork setsid PROG`; Start does this): %w",
+			pid, st.sid, errdefs.ErrInvalidArgument)
+	}
 	if opts.ShellJob != nil {
 		meta.ShellJob = *opts.ShellJob
 	} else {
-		st, err := readStat(pid)
-		if err != nil {
-			return nil, fmt.Errorf("dump: %w", err)
-		}
 		meta.ShellJob = st.sid != pid
 	}
 	args := []string{"dump", "-t", strconv.Itoa(pid), "-D", dir, "-o", DumpLog, "-v4"}

@@ -125,6 +125,15 @@ func Kill(pid int) error {
 	return fmt.Errorf("kill %d: still there after 10 s", pid)
 }
 
+// Alive reports whether pid exists and is not a zombie.
+func Alive(pid int) (bool, error) {
+	st, err := readStat(pid)
+	if err != nil {
+		return false, err
+	}
+	return st.state != 'Z' && st.state != 'X', nil
+}
+
 // IsPIDNSInit reports whether pid is PID 1 of a PID namespace other than the caller's.
 func IsPIDNSInit(pid int) (bool, error) {
 	mine, err := os.Readlink("/proc/self/ns/pid")

@@ -176,6 +176,13 @@ func (l *Loop) Restore(ctx context.Context, dir string, outs []string) ([]*Copy,
 		l.Kill(copies...)
 		return nil, wall, err
 	}
+	for _, c := range copies {
+		if alive, _ := criurun.Alive(c.PID); !alive {
+			l.Kill(copies...)
+			return nil, wall, fmt.Errorf("copy %d of %s died right after its restore (was the original started with a parent-death signal, e.g. `unshare --kill-child`? CRIU restores it, and CRIU exits): its output: %s",
+				c.PID, dir, c.Out)
+		}
+	}
 	// A running copy maps its snapshot's files: it holds them in the store too.
 	if l.Store != nil {
 		for _, c := range copies {
