@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,4 +153,20 @@ func mustRead(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// CRIU cannot dump a PID namespace whose init's session leader is outside it; Dump
+// says so and how to start the program instead of quoting CRIU's log.
+func TestDumpRefusesSessionOutsideNamespace(t *testing.T) {
+	testutil.RequiresCRIU(t)
+	cmd := exec.Command("/bin/sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	_, err := criurun.Dump(context.Background(), cmd.Process.Pid, t.TempDir(), criurun.DumpOptions{})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "setsid") {
+		t.Fatalf("want an invalid-argument error naming setsid, got %v", err)
+	}
 }
