@@ -603,3 +603,86 @@ func TestCtrFlows(t *testing.T) {
 		}
 	}
 }
+
+// TestForkOfFork forks a fork of a fork, nine levels deep, each level writing
+// a page of its own first; every level verifies its heap (the markers it
+// inherited and its own). Then the root is deleted and the forks keep running.
+func TestForkOfFork(t *testing.T) {
+	e := startLF(t, harness.Options{})
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf := e.lfClient()
+	root := e.startCounter(t, ctx, img, "deep-"+lfRandom(4), 64)
+	chain := []*counter{root}
+	for level := 1; level <= 9; level++ {
+		prev := chain[len(chain)-1]
+		prev.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+		res, err := lf.Fork(ctx, prev.id, 1, e.logIO())
+		if err != nil {
+			t.Fatalf("level %d: %v", level, err)
+		}
+		f := e.forks(res)[0]
+		checkContinues(t, ctx, prev, f)
+		t.Logf("level %d: %s (paused %v, checkpoint %v, restore %v)", level, f.id, res.Paused, res.Checkpoint, res.Forks[0].Restore)
+		l, err := res.Forks[0].Container.Labels(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l[lfclient.LabelParent] != prev.id || l[lfclient.LabelFamily] != root.id {
+			t.Errorf("level %d labels %v", level, l)
+		}
+		chain = append(chain, f)
+	}
+	for i, c := range chain {
+		want := fmt.Sprintf("verify ok pages=16384 writes=%d", min(i+1, 9))
+		if i == 9 {
+			want = "verify ok pages=16384 writes=9"
+		}
+		if v := c.signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
+			t.Errorf("level %d (%s): %q, want %q", i, c.id, v, want)
+		}
+	}
+
+	// Delete the root: its forks keep running and keep their memory.
+	rootCtr, err := e.Client().LoadContainer(ctx, root.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.task.Delete(ctx, containerd.WithProcessKill); err != nil {
+		t.Fatal(err)
+	}
+	if err := rootCtr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range chain[1:] {
+		st, err := c.task.Status(ctx)
+		if err != nil || st.Status != containerd.Running {
+			t.Errorf("level %d after the root went: %v %v", i+1, st.Status, err)
+		}
+		c.waitLine(t, ctx, len(c.lines(t)), "tick ")
+	}
+	deepest := chain[9]
+	if v := deepest.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=9" {
+		t.Errorf("deepest fork after the root went: %q", v)
+	}
+	store, err := memfile.OpenStore(filepath.Join(e.Root, "mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders, err := store.Holders(root.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for h := range holders {
+		if strings.HasPrefix(h, "container:") {
+			n++
+		}
+	}
+	if n != 9 {
+		t.Errorf("%d containers hold the family's files, want 9: %v", n, holders)
+	}
+}
