@@ -1,0 +1,3 @@
+package main
+
+func (r *result) plot(path string) error { return nil }
