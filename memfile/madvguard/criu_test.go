@@ -234,7 +234,7 @@ func TestZeroModeThroughCRIU(t *testing.T) {
 	ctx := context.Background()
 	tmp := t.TempDir()
 	out := filepath.Join(tmp, "parent.out")
-	w, err := criurun.Start([]string{probe, "-f"}, criurun.StartOptions{Stdout: out})
+	w, err := criurun.Start([]string{probe, "-f", "-c"}, criurun.StartOptions{Stdout: out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +262,7 @@ func TestZeroModeThroughCRIU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer criurun.Kill(r.PID)
-	unsupervised := map[string]string{"in": "ENOSYS", "free": "ENOSYS", "out": "ok", "data": "ok", "own": "EXFULL", "t2in": "ENOSYS", "filters": "2"}
+	unsupervised := map[string]string{"in": "ENOSYS", "free": "ENOSYS", "out": "ok", "data": "ok", "own": "EXFULL", "t2in": "ENOSYS", "t3in": "ENOSYS", "filters": "2"}
 	expect(t, "unsupervised copy", probeLine(t, copyOut, 1), unsupervised)
 
 	sup, err := madvguard.SpawnSupervisor(r.PID)
@@ -270,7 +270,8 @@ func TestZeroModeThroughCRIU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sup.Close()
-	supervised := map[string]string{"in": "ok", "free": "ok", "out": "ok", "data": "ok", "own": "EXFULL", "t2in": "ok", "filters": "2"}
+	// t3in: a thread born under the supervisor is traced too (clone events).
+	supervised := map[string]string{"in": "ok", "free": "ok", "out": "ok", "data": "ok", "own": "EXFULL", "t2in": "ok", "t3in": "ok", "filters": "2"}
 	expect(t, "supervised copy", probeLine(t, copyOut, lineCount(copyOut)+1), supervised)
 	st, err := sup.Stats()
 	if err != nil || st.Zeroed == 0 {

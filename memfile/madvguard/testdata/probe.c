@@ -9,6 +9,8 @@
  * failed; own: errno of sched_get_priority_max(77), which -f blocks with its
  * own filter (a container profile stand-in); t2own the same from thread 2,
  * which with -F adds one more filter of its own (chains differ per thread).
+ * With -c, every report also starts a short-lived thread whose DONTNEED
+ * inside the region is reported as t3in (threads born after a restore).
  * in_ns/out_ns: mean time of a MADV_DONTNEED call on a just-written page
  * inside the region / in a fresh mapping (100 calls each per report).
  */
@@ -54,7 +56,16 @@ static const char *own(void)
 	return syscall(SYS_sched_get_priority_max, 77) < 0 ? strerrorname_np(errno) : "ok";
 }
 
-static int extra;
+static int extra, spawn;
+
+static void *thread3(void *arg)
+{
+	unsigned char *p = region + (5 << 20);
+	int r = madvise(p, 4096, MADV_DONTNEED);
+	*(const char **)arg = res(r);
+	memset(p, 0xa5, 4096);
+	return NULL;
+}
 
 static void *thread2(void *arg)
 {
@@ -110,7 +121,9 @@ static long long cost(unsigned char *base, int n)
 int main(int argc, char **argv)
 {
 	int opt;
-	while ((opt = getopt(argc, argv, "fF")) != -1) {
+	while ((opt = getopt(argc, argv, "fFc")) != -1) {
+		if (opt == 'c')
+			spawn = 1;
 		if (opt == 'f')
 			own_filter(SYS_sched_get_priority_max, EXFULL);
 		if (opt == 'F')
@@ -138,8 +151,14 @@ int main(int argc, char **argv)
 		const char *rout = res(madvise(o, 1 << 20, MADV_DONTNEED));
 		long long in_ns = cost(region + (2 << 20), 100), out_ns = cost(o, 100);
 		munmap(o, 1 << 20);
-		printf("probe in=%s free=%s out=%s data=%s own=%s filters=%d t2in=%s t2own=%s in_ns=%lld out_ns=%lld\n",
-		       rin, rfree, rout, okdata ? "ok" : "bad", own(), filters(), t2in, t2own, in_ns, out_ns);
+		const char *t3in = "-";
+		if (spawn) {
+			pthread_t t3;
+			pthread_create(&t3, NULL, thread3, &t3in);
+			pthread_join(t3, NULL);
+		}
+		printf("probe in=%s free=%s out=%s data=%s own=%s filters=%d t2in=%s t2own=%s t3in=%s in_ns=%lld out_ns=%lld\n",
+		       rin, rfree, rout, okdata ? "ok" : "bad", own(), filters(), t2in, t2own, t3in, in_ns, out_ns);
 		usleep(100000);
 	}
 }
