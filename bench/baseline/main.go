@@ -175,10 +175,9 @@ func check(ctx context.Context, c *ctrbench.Copy, before int) error {
 }
 
 func (r *result) print() {
-	var starts []time.Duration
+	starts := copyStarts(r.many)
 	var total, minMem, maxMem int64
-	for i, c := range r.many {
-		starts = append(starts, c.Start)
+	for i := range r.many {
 		m := r.manyMem[i]
 		total += m
 		if i == 0 || m < minMem {
@@ -202,4 +201,12 @@ func (r *result) print() {
 		t.Add("  "+c.ID, fmt.Sprintf("%.3f s", c.Start.Seconds()), report.MB(r.manyMem[i]), fmt.Sprintf("first tick %d", c.FirstTick))
 	}
 	t.Print(os.Stdout)
+}
+
+func copyStarts(cs []*ctrbench.Copy) []time.Duration {
+	ds := make([]time.Duration, len(cs))
+	for i, c := range cs {
+		ds[i] = c.Start
+	}
+	return ds
 }
