@@ -2,15 +2,17 @@
 // checkpoint/restore of a python container holding a 256 MiB heap, through a
 // private containerd and the containerd Go client.
 //
-// It prints, as a table, and writes as long-format CSV (default
-// bench/results/baseline.csv) plus a PNG plot beside it:
+// It prints a table, and writes a long-format CSV (default
+// bench/results/baseline.csv) and a PNG plot beside it:
 //   - the leave-running checkpoint to an image directory (time, image size);
 //   - the restore of 1 copy (task create -> running) and its cgroup memory;
 //   - the restore of N copies at once (wall, each copy's time) and each copy's
 //     cgroup memory.
 //
-// Every copy is checked: it continues counting after the checkpoint tick and its
-// heap verifies. Run as root: `make bench-baseline` (go run ./bench/baseline).
+// With -runs R the checkpoint and both restores are repeated R times on the same
+// parent and the table shows medians (the CSV has every run). Every copy is
+// checked: it continues counting after the checkpoint and its heap verifies.
+// Run as root: `make bench-baseline` (go run ./bench/baseline).
 package main
 
 import (
@@ -31,8 +33,12 @@ import (
 func main() {
 	heap := flag.Int("heap", 256, "counter heap in MiB")
 	copies := flag.Int("copies", 10, "copies restored at once")
-	out := flag.String("out", "", "CSV path (default <repo>/bench/results/baseline.csv)")
+	runs := flag.Int("runs", 3, "repetitions of checkpoint + restores (medians reported)")
+	out := flag.String("out", "", "CSV path (default <repo>/bench/results/baseline.csv); the PNG goes beside it")
 	flag.Parse()
+	if *heap < 1 || *copies < 1 || *runs < 1 {
+		fail(fmt.Errorf("-heap, -copies and -runs must be at least 1"))
+	}
 	if *out == "" {
 		root, err := harness.RepoRoot()
 		if err != nil {
@@ -43,9 +49,9 @@ func main() {
 	if os.Geteuid() != 0 {
 		fail(fmt.Errorf("run as root (private containerd, runc, CRIU)"))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	res, err := run(ctx, *heap, *copies)
+	res, err := run(ctx, *heap, *copies, *runs)
 	if err != nil {
 		fail(err)
 	}
@@ -65,9 +71,8 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-type result struct {
-	heapMiB    int
-	parentMem  int64
+// round is one checkpoint + restore of 1 + restore of N.
+type round struct {
 	ckpt       time.Duration
 	imageBytes int64
 	pageBytes  int64
@@ -76,12 +81,22 @@ type result struct {
 	many       []*ctrbench.Copy
 	manyWall   time.Duration
 	manyMem    []int64
-	m          report.Measurements
+}
+
+type result struct {
+	heapMiB   int
+	copies    int
+	parentMem int64
+	load      [2]string // load average before and after
+	rounds    []*round
+	m         report.Measurements
 }
 
 const scenario = "baseline"
 
-func run(ctx context.Context, heapMiB, n int) (*result, error) {
+func run(ctx context.Context, heapMiB, n, runs int) (*result, error) {
+	r := &result{heapMiB: heapMiB, copies: n}
+	r.load[0] = loadavg()
 	env, err := ctrbench.Setup(ctx, harness.Options{}, "")
 	if err != nil {
 		return nil, err
@@ -92,7 +107,6 @@ func run(ctx context.Context, heapMiB, n int) (*result, error) {
 		}
 	}()
 	ctx = env.H.Context(ctx)
-	r := &result{heapMiB: heapMiB}
 
 	parent, err := env.StartCounter(ctx, "parent", heapMiB, harness.ContainerConfig{})
 	if err != nil {
@@ -102,61 +116,78 @@ func run(ctx context.Context, heapMiB, n int) (*result, error) {
 		return nil, err
 	}
 	r.m.Add(scenario, "parent_memory_bytes", parent.ID, float64(r.parentMem), "bytes")
+	for k := 1; k <= runs; k++ {
+		rd, err := runRound(ctx, env, parent, n, k, &r.m)
+		if err != nil {
+			return nil, fmt.Errorf("run %d: %w", k, err)
+		}
+		r.rounds = append(r.rounds, rd)
+	}
+	r.load[1] = loadavg()
+	return r, nil
+}
 
+func runRound(ctx context.Context, env *ctrbench.Env, parent *ctrbench.Counter, n, k int, m *report.Measurements) (*round, error) {
+	rd := &round{}
+	sub := func(s string) string { return fmt.Sprintf("run%d/%s", k, s) }
 	dir, err := env.H.TempDir("ckpt-")
 	if err != nil {
 		return nil, err
 	}
+	defer os.RemoveAll(dir)
 	before, _ := workloads.LastTick(parent.Log)
-	if r.ckpt, err = ctrbench.Checkpoint(ctx, parent.Task, dir); err != nil {
+	if rd.ckpt, err = ctrbench.Checkpoint(ctx, parent.Task, dir); err != nil {
 		return nil, err
 	}
-	if r.imageBytes, r.pageBytes, err = ctrbench.ImageSize(dir); err != nil {
+	if rd.imageBytes, rd.pageBytes, err = ctrbench.ImageSize(dir); err != nil {
 		return nil, err
 	}
-	r.m.Add(scenario, "checkpoint_s", parent.ID, r.ckpt.Seconds(), "s")
-	r.m.Add(scenario, "checkpoint_image_bytes", parent.ID, float64(r.imageBytes), "bytes")
-	r.m.Add(scenario, "checkpoint_pages_bytes", parent.ID, float64(r.pageBytes), "bytes")
+	m.Add(scenario, "checkpoint_s", sub(parent.ID), rd.ckpt.Seconds(), "s")
+	m.Add(scenario, "checkpoint_image_bytes", sub(parent.ID), float64(rd.imageBytes), "bytes")
+	m.Add(scenario, "checkpoint_pages_bytes", sub(parent.ID), float64(rd.pageBytes), "bytes")
 
-	// One copy.
-	one, _, err := env.RestoreCopies(ctx, parent.Container, dir, "one", 1)
+	one, _, err := env.RestoreCopies(ctx, parent.Container, dir, fmt.Sprintf("r%d-one", k), 1)
 	if err != nil {
 		return nil, fmt.Errorf("restore 1: %w", err)
 	}
-	r.one = one[0]
-	if err := check(ctx, r.one, before); err != nil {
+	rd.one = one[0]
+	if rd.oneMem, err = env.Memory(rd.one.ID); err != nil {
 		return nil, err
 	}
-	if r.oneMem, err = env.Memory(r.one.ID); err != nil {
+	if err := check(ctx, rd.one, before); err != nil {
 		return nil, err
 	}
-	r.m.Add(scenario, "restore1_s", r.one.ID, r.one.Start.Seconds(), "s")
-	r.m.Add(scenario, "restore1_memory_bytes", r.one.ID, float64(r.oneMem), "bytes")
-	if err := env.Remove(ctx, &r.one.Counter); err != nil {
+	m.Add(scenario, "restore1_s", sub(rd.one.ID), rd.one.Start.Seconds(), "s")
+	m.Add(scenario, "restore1_memory_bytes", sub(rd.one.ID), float64(rd.oneMem), "bytes")
+	if err := env.Remove(ctx, &rd.one.Counter); err != nil {
 		return nil, err
 	}
 
-	// N copies at once.
-	r.many, r.manyWall, err = env.RestoreCopies(ctx, parent.Container, dir, "many", n)
+	rd.many, rd.manyWall, err = env.RestoreCopies(ctx, parent.Container, dir, fmt.Sprintf("r%d-many", k), n)
 	if err != nil {
 		return nil, fmt.Errorf("restore %d: %w", n, err)
 	}
-	r.m.Add(scenario, fmt.Sprintf("restore%d_wall_s", n), "", r.manyWall.Seconds(), "s")
-	for _, c := range r.many {
+	m.Add(scenario, fmt.Sprintf("restore%d_wall_s", n), sub(""), rd.manyWall.Seconds(), "s")
+	for _, c := range rd.many {
 		mem, err := env.Memory(c.ID)
 		if err != nil {
 			return nil, err
 		}
-		r.manyMem = append(r.manyMem, mem)
-		r.m.Add(scenario, fmt.Sprintf("restore%d_s", n), c.ID, c.Start.Seconds(), "s")
-		r.m.Add(scenario, fmt.Sprintf("restore%d_memory_bytes", n), c.ID, float64(mem), "bytes")
+		rd.manyMem = append(rd.manyMem, mem)
+		m.Add(scenario, fmt.Sprintf("restore%d_s", n), sub(c.ID), c.Start.Seconds(), "s")
+		m.Add(scenario, fmt.Sprintf("restore%d_memory_bytes", n), sub(c.ID), float64(mem), "bytes")
 	}
-	for _, c := range r.many {
+	for _, c := range rd.many {
 		if err := check(ctx, c, before); err != nil {
 			return nil, err
 		}
 	}
-	return r, nil
+	for _, c := range rd.many {
+		if err := env.Remove(ctx, &c.Counter); err != nil {
+			return nil, err
+		}
+	}
+	return rd, nil
 }
 
 // check proves a copy is a real continuation: it resumed after the tick seen
@@ -174,31 +205,58 @@ func check(ctx context.Context, c *ctrbench.Copy, before int) error {
 	return nil
 }
 
+// medians over rounds of a per-round duration.
+func (r *result) median(f func(*round) time.Duration) (med, lo, hi time.Duration) {
+	ds := make([]time.Duration, len(r.rounds))
+	for i, rd := range r.rounds {
+		ds[i] = f(rd)
+	}
+	lo = ds[0]
+	for _, d := range ds {
+		lo = min(lo, d)
+	}
+	return ctrbench.Median(ds), lo, ctrbench.Max(ds)
+}
+
+func secs(med, lo, hi time.Duration, runs int) string {
+	if runs == 1 {
+		return fmt.Sprintf("%.3f s", med.Seconds())
+	}
+	return fmt.Sprintf("%.3f s (%.2f-%.2f)", med.Seconds(), lo.Seconds(), hi.Seconds())
+}
+
 func (r *result) print() {
-	starts := copyStarts(r.many)
+	runs := len(r.rounds)
+	last := r.rounds[runs-1]
 	var total, minMem, maxMem int64
-	for i := range r.many {
-		m := r.manyMem[i]
+	for i, m := range last.manyMem {
 		total += m
 		if i == 0 || m < minMem {
 			minMem = m
 		}
 		maxMem = max(maxMem, m)
 	}
-	t := &report.Table{
-		Title:   fmt.Sprintf("Baseline: plain runc + CRIU, python container holding %d MiB (containerd Go client)", r.heapMiB),
-		Columns: []string{"step", "time", "memory (cgroup)", "notes"},
+	title := fmt.Sprintf("Baseline: plain runc + CRIU, python container holding %d MiB (containerd Go client)", r.heapMiB)
+	if runs > 1 {
+		title += fmt.Sprintf("\ntimes: median of %d runs (min-max)", runs)
 	}
+	title += fmt.Sprintf("; load average before %s, after %s", r.load[0], r.load[1])
+	t := &report.Table{Title: title, Columns: []string{"step", "time", "memory (cgroup)", "notes"}}
 	t.Add("parent running", "", report.MB(r.parentMem), "")
-	t.Add("checkpoint, leave running", fmt.Sprintf("%.3f s", r.ckpt.Seconds()), "",
-		fmt.Sprintf("image %s (pages %s)", report.MB(r.imageBytes), report.MB(r.pageBytes)))
-	t.Add("restore 1 copy", fmt.Sprintf("%.3f s", r.one.Start.Seconds()), report.MB(r.oneMem), "task create -> running")
-	t.Add(fmt.Sprintf("restore %d copies at once", len(r.many)), fmt.Sprintf("%.3f s wall", r.manyWall.Seconds()),
+	med, lo, hi := r.median(func(rd *round) time.Duration { return rd.ckpt })
+	t.Add("checkpoint, leave running", secs(med, lo, hi, runs), "",
+		fmt.Sprintf("image %s (pages %s)", report.MB(last.imageBytes), report.MB(last.pageBytes)))
+	med, lo, hi = r.median(func(rd *round) time.Duration { return rd.one.Start })
+	t.Add("restore 1 copy", secs(med, lo, hi, runs), report.MB(last.oneMem), "task create -> running")
+	med, lo, hi = r.median(func(rd *round) time.Duration { return rd.manyWall })
+	pmed, _, _ := r.median(func(rd *round) time.Duration { return ctrbench.Median(copyStarts(rd.many)) })
+	pmax, _, _ := r.median(func(rd *round) time.Duration { return ctrbench.Max(copyStarts(rd.many)) })
+	t.Add(fmt.Sprintf("restore %d copies at once", r.copies), secs(med, lo, hi, runs)+" wall",
 		fmt.Sprintf("%s total", report.MB(total)),
-		fmt.Sprintf("per copy: median %.3f s, max %.3f s", ctrbench.Median(starts).Seconds(), ctrbench.Max(starts).Seconds()))
+		fmt.Sprintf("per copy: median %.3f s, max %.3f s", pmed.Seconds(), pmax.Seconds()))
 	t.Add("  memory of each copy", "", fmt.Sprintf("%s .. %s", report.MB(minMem), report.MB(maxMem)), "none shared")
-	for i, c := range r.many {
-		t.Add("  "+c.ID, fmt.Sprintf("%.3f s", c.Start.Seconds()), report.MB(r.manyMem[i]), fmt.Sprintf("first tick %d", c.FirstTick))
+	for i, c := range last.many {
+		t.Add("  "+c.ID, fmt.Sprintf("%.3f s", c.Start.Seconds()), report.MB(last.manyMem[i]), fmt.Sprintf("first tick %d", c.FirstTick))
 	}
 	t.Print(os.Stdout)
 }
@@ -209,4 +267,16 @@ func copyStarts(cs []*ctrbench.Copy) []time.Duration {
 		ds[i] = c.Start
 	}
 	return ds
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return "?"
+	}
+	return f[0]
 }

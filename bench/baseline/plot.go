@@ -3,26 +3,35 @@ package main
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/lazyfork/lazyfork/bench/internal/ctrbench"
 	"github.com/lazyfork/lazyfork/bench/internal/plot"
 )
 
-// plot draws the run: times of the checkpoint and restores, and the memory of
-// the parent and of every copy.
+// plot draws the run: median times of the checkpoint and restores, and the
+// memory of the parent and of every copy of the last run.
 func (r *result) plot(path string) error {
-	durs := []float64{r.ckpt.Seconds(), r.one.Start.Seconds(), r.manyWall.Seconds(),
-		ctrbench.Median(copyStarts(r.many)).Seconds()}
-	n := len(r.many)
-	times := plot.Panel{
-		Title:      "TIME (S)",
-		YLabel:     "S",
-		Categories: []string{"CHECKPOINT", "1 COPY", fmt.Sprintf("%d WALL", n), fmt.Sprintf("%d MEDIAN", n)},
-		Series:     []plot.Series{{Name: "PLAIN CRIU", Y: durs}},
+	med := func(f func(*round) time.Duration) float64 {
+		m, _, _ := r.median(f)
+		return m.Seconds()
 	}
+	n := r.copies
+	times := plot.Panel{
+		Title:      fmt.Sprintf("TIME (S), MEDIAN OF %d RUNS", len(r.rounds)),
+		YLabel:     "S",
+		Categories: []string{"CHECKPOINT", "1 COPY", fmt.Sprintf("%d WALL", n), fmt.Sprintf("%d PER COPY", n)},
+		Series: []plot.Series{{Name: "PLAIN CRIU", Y: []float64{
+			med(func(rd *round) time.Duration { return rd.ckpt }),
+			med(func(rd *round) time.Duration { return rd.one.Start }),
+			med(func(rd *round) time.Duration { return rd.manyWall }),
+			med(func(rd *round) time.Duration { return ctrbench.Median(copyStarts(rd.many)) }),
+		}}},
+	}
+	last := r.rounds[len(r.rounds)-1]
 	cats := []string{"PARENT", "ONE"}
-	mem := []float64{float64(r.parentMem) / 1e6, float64(r.oneMem) / 1e6}
-	for i, m := range r.manyMem {
+	mem := []float64{float64(r.parentMem) / 1e6, float64(last.oneMem) / 1e6}
+	for i, m := range last.manyMem {
 		cats = append(cats, strconv.Itoa(i+1))
 		mem = append(mem, float64(m)/1e6)
 	}
