@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -169,4 +171,76 @@ func dataPages(f *os.File, off, n int64) (uint64, error) {
 		pos = hole
 	}
 	return uint64((total + pageSize - 1) / pageSize), nil
+}
+
+// copyJob is a range of pages to copy into the memory file.
+type copyJob struct {
+	doff int64
+	src  *os.File
+	soff int64
+	n    int64
+}
+
+// copyChunkPar is the unit of work of the parallel copy.
+const copyChunkPar = 16 << 20
+
+// flush copies the pending jobs into the memory file, on up to one worker per
+// CPU (at most 4): one core does not saturate memory bandwidth when copying
+// from the page cache into tmpfs. Each worker has its own descriptor of the
+// memory file, since sendfile writes at the file position.
+func (rw *rewriter) flush() error {
+	jobs := rw.jobs
+	rw.jobs = nil
+	var chunks []copyJob
+	var total int64
+	for _, j := range jobs {
+		total += j.n
+		for off := int64(0); off < j.n; off += copyChunkPar {
+			n := min(copyChunkPar, j.n-off)
+			chunks = append(chunks, copyJob{doff: j.doff + off, src: j.src, soff: j.soff + off, n: n})
+		}
+	}
+	workers := min(runtime.NumCPU(), 4, len(chunks))
+	if workers <= 1 || total < 2*copyChunkPar {
+		for _, c := range chunks {
+			if err := rw.cp.copy(rw.mem, c.doff, c.src, c.soff, c.n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	next := make(chan copyJob)
+	errs := make([]error, workers)
+	written := make([]int64, workers)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			dst, err := os.OpenFile(rw.memTmp, os.O_WRONLY, 0)
+			if err != nil {
+				errs[w] = err
+				for range next {
+				}
+				return
+			}
+			defer dst.Close()
+			cp := newCopier()
+			for c := range next {
+				if errs[w] == nil {
+					errs[w] = cp.copy(dst, c.doff, c.src, c.soff, c.n)
+				}
+			}
+			written[w] = cp.written
+		}(w)
+	}
+	for _, c := range chunks {
+		next <- c
+	}
+	close(next)
+	wg.Wait()
+	for w := range written {
+		rw.parWritten += written[w]
+	}
+	return errors.Join(errs...)
 }

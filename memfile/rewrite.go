@@ -127,7 +127,7 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 	}
 	res = &Result{
 		Files: rw.info.Files, PagesMoved: rw.moved, PagesKept: rw.info.KeptPages,
-		BytesWritten: rw.cp.written - rw.stagedBytes, Rebased: rw.rebase, Duration: time.Since(start),
+		BytesWritten: rw.cp.written + rw.parWritten - rw.stagedBytes, Rebased: rw.rebase, Duration: time.Since(start),
 	}
 	log.G(ctx).WithField("image", imageDir).WithField("family", opts.Family).
 		WithField("moved", res.PagesMoved).WithField("kept", res.PagesKept).
@@ -159,6 +159,9 @@ type rewriter struct {
 	mem     *os.File
 
 	clones []*fdinfo.FileEntry // files.img entries added by splitCOWIDs
+
+	jobs       []copyJob // pages waiting to be copied into the memory file
+	parWritten int64     // bytes copied by flush's workers
 
 	staging     string
 	stagedBytes int64 // bytes the copier spent on staged pages images
@@ -428,11 +431,13 @@ func (rw *rewriter) writeMemory(ctx context.Context) error {
 				}
 			}
 			for _, r := range p.overlay {
-				if err := rw.cp.copy(rw.mem, reg.off+int64(r.vaddr-p.e.GetStart()), r.f, r.off, int64(r.n*pageSize)); err != nil {
-					return err
-				}
+				rw.jobs = append(rw.jobs, copyJob{doff: reg.off + int64(r.vaddr-p.e.GetStart()), src: r.f, soff: r.off, n: int64(r.n * pageSize)})
 				rw.moved += r.n
 			}
+		}
+		// Children compare against these regions: write them now.
+		if err := rw.flush(); err != nil {
+			return err
 		}
 	}
 	size := int64(len(rw.regions)) * SlotSize
