@@ -5,7 +5,7 @@
 // dozen random heap pages and writes one page), dumps it once, and then:
 //   - copies the image: one copy is rewritten (memfile), the other restored as is;
 //   - times a plain copy (cp) of the image's pages to the tmpfs, beside the rewrite;
-//   - restores one copy three times (median), then ten at once, for both modes;
+//   - restores one copy five times (median), then ten at once, for both modes;
 //   - reads each copy's RssAnon, Pss and RssShmem right after restore and after 5 s.
 //
 // It prints a table, writes bench/results/memfile.csv and draws
@@ -61,6 +61,8 @@ type row struct {
 	CopyBytes    int64
 
 	Restore1      time.Duration // median of singles
+	Restore1CRIU  time.Duration // CRIU's own restore_time, median of singles
+	PagesRestored uint64        // pages CRIU copied into a copy
 	Restore10Wall time.Duration
 	Restore10Mean time.Duration
 	Restore10Max  time.Duration
@@ -75,10 +77,10 @@ func main() {
 	var heaps string
 	flag.StringVar(&heaps, "heaps", "64,256,1024,2048", "heap sizes, MiB")
 	flag.IntVar(&c.copies, "copies", 10, "copies restored at once")
-	flag.IntVar(&c.singles, "singles", 3, "single restores per mode (median reported)")
+	flag.IntVar(&c.singles, "singles", 5, "single restores per mode (median reported)")
 	flag.DurationVar(&c.settle, "settle", 2*time.Second, "run the workload this long before the dump")
 	flag.DurationVar(&c.activity, "activity", 5*time.Second, "how long copies run before the second memory reading")
-	flag.IntVar(&c.plainMultiMB, "plain-multi-max", 1024, "largest heap (MiB) for which plain CRIU restores all copies at once (each copy holds the whole heap)")
+	flag.IntVar(&c.plainMultiMB, "plain-multi-max", 256, "largest heap (MiB) for which plain CRIU restores all copies at once (each copy holds the whole heap)")
 	flag.StringVar(&c.out, "out", "bench/results", "directory for memfile.csv and memfile.png")
 	flag.StringVar(&c.work, "work", "", "work directory (images, tmpfs); default: a temporary directory")
 	flag.Parse()
@@ -222,19 +224,20 @@ func restores(ctx context.Context, c *config, l *memloop.Loop, img, outDir strin
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
-	var singles []time.Duration
+	var singles, criuTimes []time.Duration
 	for i := 0; i < c.singles; i++ {
 		cs, _, err := l.Restore(ctx, img, []string{filepath.Join(outDir, fmt.Sprintf("single%d.out", i))})
 		if err != nil {
 			return err
 		}
 		singles = append(singles, cs[0].Restore)
+		criuTimes = append(criuTimes, cs[0].CRIUTime)
+		r.PagesRestored = cs[0].PagesRestored
 		if err := l.Kill(cs...); err != nil {
 			return err
 		}
 	}
-	sort.Slice(singles, func(i, j int) bool { return singles[i] < singles[j] })
-	r.Restore1 = singles[len(singles)/2]
+	r.Restore1, r.Restore1CRIU = median(singles), median(criuTimes)
 
 	n := c.copies
 	if r.Mode == "plain" && r.HeapMiB > c.plainMultiMB {
@@ -280,6 +283,12 @@ func restores(ctx context.Context, c *config, l *memloop.Loop, img, outDir strin
 		}
 	}
 	return l.Kill(cs...)
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
 }
 
 func meanMem(cs []*memloop.Copy) (criurun.Mem, error) {
@@ -402,7 +411,7 @@ func gibps(b int64, d time.Duration) float64 {
 
 func printTable(w io.Writer, rows []row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "heap MiB\tmode\tdump ms\timage MiB\trewrite GiB/s\tcp GiB/s\tratio\trestore 1 ms\t10: wall ms\t10: mean ms\tcopies\tRssAnon MiB\tPss MiB\tRssShmem MiB\tRssAnon 5s\tPss 5s\tRssShmem 5s\t")
+	fmt.Fprintln(tw, "heap MiB\tmode\tdump ms\timage MiB\trewrite GiB/s\tcp GiB/s\tratio\trestore 1 ms\tcriu's own\tpages\tN at once: wall ms\tmean ms\tcopies\tRssAnon MiB\tPss MiB\tRssShmem MiB\tRssAnon 5s\tPss 5s\tRssShmem 5s\t")
 	for _, r := range rows {
 		rw, cp, ratio := "-", "-", "-"
 		if r.Mode == "memfile" {
@@ -412,8 +421,8 @@ func printTable(w io.Writer, rows []row) {
 				ratio = fmt.Sprintf("%.2f", a/b)
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.HeapMiB, r.Mode, ms(r.Dump),
-			mibs(r.ImageBytes), rw, cp, ratio, ms(r.Restore1), ms(r.Restore10Wall), ms(r.Restore10Mean), r.MemCopies,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.HeapMiB, r.Mode, ms(r.Dump),
+			mibs(r.ImageBytes), rw, cp, ratio, ms(r.Restore1), ms(r.Restore1CRIU), r.PagesRestored, ms(r.Restore10Wall), ms(r.Restore10Mean), r.MemCopies,
 			mibs(r.After.RssAnon), mibs(r.After.Pss), mibs(r.After.RssShmem),
 			mibs(r.After5s.RssAnon), mibs(r.After5s.Pss), mibs(r.After5s.RssShmem))
 	}
@@ -433,7 +442,7 @@ func writeCSV(path string, rows []row) error {
 	}
 	cw := csv.NewWriter(f)
 	cw.Write([]string{"heap_mib", "mode", "dump_ms", "image_bytes", "rewrite_ms", "rewrite_bytes", "rewrite_gibps",
-		"copy_ms", "copy_bytes", "copy_gibps", "rewrite_vs_copy", "restore1_ms", "restore10_wall_ms", "restore10_mean_ms",
+		"copy_ms", "copy_bytes", "copy_gibps", "rewrite_vs_copy", "restore1_ms", "restore1_criu_ms", "pages_restored", "restore10_wall_ms", "restore10_mean_ms",
 		"restore10_max_ms", "mem_copies", "rss_anon_kb", "pss_kb", "rss_shmem_kb", "rss_anon_5s_kb", "pss_5s_kb", "rss_shmem_5s_kb", "note"})
 	f64 := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 2, 64) }
 	kb := func(b int64) string { return strconv.FormatInt(b>>10, 10) }
@@ -446,7 +455,7 @@ func writeCSV(path string, rows []row) error {
 		cw.Write([]string{strconv.Itoa(r.HeapMiB), r.Mode, f64(r.Dump), strconv.FormatInt(r.ImageBytes, 10),
 			f64(r.Rewrite), strconv.FormatInt(r.RewriteBytes, 10), strconv.FormatFloat(a, 'f', 3, 64),
 			f64(r.CopyTime), strconv.FormatInt(r.CopyBytes, 10), strconv.FormatFloat(b, 'f', 3, 64), ratio,
-			f64(r.Restore1), f64(r.Restore10Wall), f64(r.Restore10Mean), f64(r.Restore10Max), strconv.Itoa(r.MemCopies),
+			f64(r.Restore1), f64(r.Restore1CRIU), strconv.FormatUint(r.PagesRestored, 10), f64(r.Restore10Wall), f64(r.Restore10Mean), f64(r.Restore10Max), strconv.Itoa(r.MemCopies),
 			kb(r.After.RssAnon), kb(r.After.Pss), kb(r.After.RssShmem), kb(r.After5s.RssAnon), kb(r.After5s.Pss),
 			kb(r.After5s.RssShmem), r.Note})
 	}

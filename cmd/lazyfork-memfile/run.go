@@ -245,9 +245,10 @@ func report(w io.Writer, c *config, what, store string, parent criurun.Mem, gens
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "gen\tcopy\tpid\trestore\tRssAnon\tPss\tRssShmem\tcheck")
+	fmt.Fprintln(tw, "gen\tcopy\tpid\trestore\t(criu's own)\tpages restored\tRssAnon\tPss\tRssShmem\tcheck")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", r.gen, r.idx, r.copy.PID, ms(r.copy.Restore),
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.gen, r.idx, r.copy.PID, ms(r.copy.Restore),
+			ms(r.copy.CRIUTime), r.copy.PagesRestored,
 			mib(r.mem.RssAnon), mib(r.mem.Pss), mib(r.mem.RssShmem), r.check)
 	}
 	tw.Flush()

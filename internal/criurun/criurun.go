@@ -14,7 +14,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	// crit/images/stats, not go-criu's top-level stats package: both register
+	// the same proto file, and criuimg already links this one.
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/stats"
 	"github.com/containerd/errdefs"
+	"github.com/lazyfork/lazyfork/criuimg"
 )
 
 // Names of the files this package writes into an image directory.
@@ -54,6 +58,9 @@ type DumpResult struct {
 	Meta
 	Duration time.Duration // wall time of the criu process
 	Log      string        // path of CRIU's log
+	// From CRIU's stats-dump (zero if it wrote none).
+	FrozenTime   time.Duration // how long the tree stayed frozen
+	PagesWritten uint64
 }
 
 // Dump checkpoints the process tree rooted at pid into dir (created if missing,
@@ -109,6 +116,10 @@ func Dump(ctx context.Context, pid int, dir string, opts DumpOptions) (*DumpResu
 		return nil, fmt.Errorf("criu dump of pid %d into %s: %w", pid, dir, err)
 	}
 	res := &DumpResult{Meta: meta, Duration: time.Since(start), Log: logPath}
+	if st := readStats(filepath.Join(dir, "stats-dump")); st != nil {
+		res.FrozenTime = time.Duration(st.GetDump().GetFrozenTime()) * time.Microsecond
+		res.PagesWritten = st.GetDump().GetPagesWritten()
+	}
 	if err := writeJSONAtomic(filepath.Join(dir, MetaFile), meta); err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
@@ -149,6 +160,10 @@ type RestoreOptions struct {
 type RestoreResult struct {
 	PID      int           // the copy's root PID in the host's namespace
 	Duration time.Duration // wall time of the criu process
+	// From CRIU's stats-restore (zero if it wrote none).
+	CRIUTime      time.Duration // CRIU's own restore_time
+	ForkingTime   time.Duration
+	PagesRestored uint64 // pages CRIU copied from the image into the copy
 }
 
 var restoreSeq atomic.Uint64
@@ -216,12 +231,18 @@ func Restore(ctx context.Context, dir string, opts RestoreOptions) (*RestoreResu
 	if err != nil || pid <= 0 {
 		return nil, fmt.Errorf("restore of %s: bad pid file %q", dir, b)
 	}
+	res := &RestoreResult{PID: pid, Duration: dur}
+	if st := readStats(filepath.Join(work, "stats-restore")); st != nil {
+		res.CRIUTime = time.Duration(st.GetRestore().GetRestoreTime()) * time.Microsecond
+		res.ForkingTime = time.Duration(st.GetRestore().GetForkingTime()) * time.Microsecond
+		res.PagesRestored = st.GetRestore().GetPagesRestored()
+	}
 	if tmpWork {
 		os.RemoveAll(work)
 	} else {
 		os.Remove(filepath.Join(work, pidName))
 	}
-	return &RestoreResult{PID: pid, Duration: dur}, nil
+	return res, nil
 }
 
 // inheritKey turns an fd target as /proc showed it into CRIU's --inherit-fd key:
@@ -285,6 +306,16 @@ func LogTail(path string, n int) string {
 		pick = pick[len(pick)-n:]
 	}
 	return strings.Join(pick, "\n")
+}
+
+// readStats reads a CRIU stats file, or returns nil: statistics are a bonus.
+func readStats(path string) *stats.StatsEntry {
+	img, err := criuimg.ReadImage(path, criuimg.MagicStats, criuimg.Of(&stats.StatsEntry{}))
+	if err != nil || len(img.Entries) == 0 {
+		return nil
+	}
+	st, _ := img.Entries[0].(*stats.StatsEntry)
+	return st
 }
 
 func writeJSONAtomic(path string, v any) error {

@@ -140,7 +140,11 @@ type Copy struct {
 	PID     int
 	Out     string        // its stdout and stderr
 	Restore time.Duration // wall time of its criu restore
-	holder  string
+	// CRIU's own account (stats-restore): its restore_time, and the pages it
+	// copied from the image into the copy.
+	CRIUTime      time.Duration
+	PagesRestored uint64
+	holder        string
 }
 
 // Restore restores one copy per entry of outs at once, each writing to its own
@@ -167,7 +171,7 @@ func (l *Loop) Restore(ctx context.Context, dir string, outs []string) ([]*Copy,
 				errs[i] = err
 				return
 			}
-			copies[i] = &Copy{PID: r.PID, Out: out, Restore: r.Duration}
+			copies[i] = &Copy{PID: r.PID, Out: out, Restore: r.Duration, CRIUTime: r.CRIUTime, PagesRestored: r.PagesRestored}
 		}()
 	}
 	wg.Wait()
