@@ -43,6 +43,20 @@ func (rw *rewriter) stage(ctx context.Context) error {
 	if err := os.Chmod(rw.staging, st.Mode().Perm()); err != nil {
 		return err
 	}
+	// Converted VMAs now map their regions; only then can file ids that
+	// CRIU would wrongly share be told apart.
+	for _, t := range rw.tasks {
+		for _, p := range t.vmas {
+			if p.convert {
+				v := p.e
+				v.Status = ptr(v.GetStatus()&^vmaAnonPrivate | vmaFilePrivate)
+				v.Flags = ptr(v.GetFlags() &^ unix.MAP_ANONYMOUS)
+				v.Shmid = ptr(uint64(p.region.regID))
+				v.Pgoff = ptr(uint64(p.regOff))
+				v.Fdflags = ptr(uint32(unix.O_RDONLY))
+			}
+		}
+	}
 	if err := rw.splitCOWIDs(); err != nil {
 		return err
 	}
@@ -76,12 +90,6 @@ func (rw *rewriter) stage(ctx context.Context) error {
 		var stay []run
 		for _, p := range t.vmas {
 			if p.convert {
-				v := p.e
-				v.Status = ptr(v.GetStatus()&^vmaAnonPrivate | vmaFilePrivate)
-				v.Flags = ptr(v.GetFlags() &^ unix.MAP_ANONYMOUS)
-				v.Shmid = ptr(uint64(p.region.regID))
-				v.Pgoff = ptr(uint64(p.regOff))
-				v.Fdflags = ptr(uint32(unix.O_RDONLY))
 				stay = append(stay, p.kept...)
 				continue
 			}
