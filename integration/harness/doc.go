@@ -24,6 +24,12 @@
 // (found by scanning /proc for its exact -address), any process left in the
 // harness's cgroups killed, mounts under the temporary directory detached, the
 // cgroups removed (v1 hierarchies and v2 alike) and the directory deleted.
+// Containers made outside NewContainer (e.g. pods through CRI) are cleaned up
+// exactly only if they also use CgroupParent (linux.cgroupsPath, CRI's
+// cgroup_parent) and FIFODir for FIFO-based IO.
+//
+// A test that crashed (panic, SIGKILL) never ran its teardown: Reap, or
+// `go run ./integration/harness/cmd/lfh-reap /tmp/lfh-ID-N`, does it afterwards.
 //
 // # Tasks and images
 //

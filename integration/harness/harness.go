@@ -62,6 +62,9 @@ type Containerd struct {
 	CgroupParent string
 	// LogPath is containerd's own log file.
 	LogPath string
+	// FIFODir is for tasks created with FIFO-based IO instead of NewTask's log
+	// files: pass cio.WithFIFODir(c.FIFODir) so nothing lands in /run/containerd.
+	FIFODir string
 
 	opts    Options
 	cmd     *exec.Cmd
@@ -115,6 +118,7 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 		RuncRoot:      filepath.Join(dir, "runc"),
 		CgroupParent:  "/lfh-" + id,
 		LogPath:       filepath.Join(dir, "containerd.log"),
+		FIFODir:       filepath.Join(dir, "fifo"),
 		opts:          opts,
 		exited:        make(chan struct{}),
 	}
@@ -127,7 +131,7 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 		return nil, fmt.Errorf("harness: shim socket dir %q longer than 42 bytes: %w", c.ShimSocketDir, errdefs.ErrInvalidArgument)
 	}
 	for _, d := range []string{c.Root, c.State, c.ShimSocketDir, c.RuncRoot, filepath.Join(dir, "logs"),
-		filepath.Join(dir, "cni", "net.d"), filepath.Join(dir, "cni", "bin"), filepath.Join(dir, "opt")} {
+		filepath.Join(dir, "cni", "net.d"), filepath.Join(dir, "cni", "bin"), filepath.Join(dir, "opt"), c.FIFODir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("harness: %w", err)
 		}
@@ -340,7 +344,7 @@ func Reap(ctx context.Context, dir string) error {
 		ID: id, Dir: dir, Root: filepath.Join(dir, "root"), State: filepath.Join(dir, "state"),
 		Address: filepath.Join(dir, "c.sock"), Namespace: "lfh-" + id,
 		ShimSocketDir: filepath.Join(dir, "s"), RuncRoot: filepath.Join(dir, "runc"),
-		CgroupParent: "/lfh-" + id, LogPath: filepath.Join(dir, "containerd.log"),
+		CgroupParent: "/lfh-" + id, LogPath: filepath.Join(dir, "containerd.log"), FIFODir: filepath.Join(dir, "fifo"),
 		exited: make(chan struct{}),
 	}
 	if len(pidsWithArgs("--config", filepath.Join(dir, "config.toml"))) > 0 {

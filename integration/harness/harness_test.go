@@ -49,11 +49,3 @@ func TestConfigWithEveryOption(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-func TestLogDump(t *testing.T) {
-	if os.Getenv("LFH_DUMP") == "" {
-		t.Skip()
-	}
-	c := harness.StartT(t, harness.Options{EnableCRI: os.Getenv("LFH_DUMP") == "cri"})
-	t.Log(c.Log())
-}
