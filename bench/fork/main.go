@@ -1,0 +1,116 @@
+// Command fork is LazyFork's fork benchmark (make bench-fork): for a python
+// container holding 64 MiB, 256 MiB and 1 GiB (integration/workloads/counter.py),
+// LazyFork forks beside plain runc checkpoint/restore of the same workload, in
+// one private containerd:
+//
+//   - the snapshot: pause -> dump -> rewrite -> resume (how long the parent is frozen);
+//   - restore per fork, task create -> running, for 1 fork and for 10 at once;
+//   - a fork of a fork: its snapshot (only the pages it wrote) and its restore;
+//   - memory per fork (cgroup) right after restore and after 5 s of running and
+//     writing a page a second, and the shim processes' memory divided by the forks.
+//
+// It prints a table, writes bench/results/fork.csv and draws bench/results/fork.png.
+// Needs root, CRIU, containerd, runc (make deps, make images).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/lazyfork/lazyfork/integration/harness"
+)
+
+func main() {
+	heaps := flag.String("heaps", "64,256,1024", "heap sizes in MiB")
+	forks := flag.Int("forks", 10, "forks restored at once")
+	plainMax := flag.Int("plain-many-max", 256, "largest heap (MiB) for which plain runc restores -forks copies at once (each costs the whole heap)")
+	out := flag.String("out", "", "results directory (default: bench/results in the source tree)")
+	flag.Parse()
+	if err := run(*heaps, *forks, *plainMax, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-fork:", err)
+		os.Exit(1)
+	}
+}
+
+func run(heapList string, nForks, plainMax int, outDir string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root")
+	}
+	var heaps []int
+	for _, h := range strings.Split(heapList, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(h))
+		if err != nil || v < 1 {
+			return fmt.Errorf("bad heap size %q", h)
+		}
+		heaps = append(heaps, v)
+	}
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		return err
+	}
+	if outDir == "" {
+		outDir = filepath.Join(repo, "bench", "results")
+	}
+	bin, cleanupBin, err := binaries(repo)
+	if err != nil {
+		return err
+	}
+	defer cleanupBin()
+
+	b, err := newBench(bin, nForks, plainMax)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	ctx := context.Background()
+	for _, h := range heaps {
+		fmt.Fprintf(os.Stderr, "bench-fork: heap %d MiB: LazyFork\n", h)
+		if err := b.lazyfork(ctx, h); err != nil {
+			return fmt.Errorf("lazyfork, %d MiB: %w", h, err)
+		}
+		fmt.Fprintf(os.Stderr, "bench-fork: heap %d MiB: plain runc\n", h)
+		if err := b.plain(ctx, h); err != nil {
+			return fmt.Errorf("plain, %d MiB: %w", h, err)
+		}
+	}
+	t := b.m.table()
+	t.print(os.Stdout)
+	csvPath := filepath.Join(outDir, "fork.csv")
+	if err := t.writeCSV(csvPath); err != nil {
+		return err
+	}
+	pngPath := filepath.Join(outDir, "fork.png")
+	if err := writePlot(pngPath, heaps, b.m); err != nil {
+		return err
+	}
+	fmt.Printf("\nwrote %s and %s\n", csvPath, pngPath)
+	b.m.summary(os.Stdout, heaps)
+	return nil
+}
+
+// binaries returns a directory with containerd-shim-lazyfork-v1: $LAZYFORK_BIN
+// (make bench-fork builds it) or a fresh build.
+func binaries(repo string) (string, func(), error) {
+	if d := os.Getenv("LAZYFORK_BIN"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "containerd-shim-lazyfork-v1")); err == nil {
+			return d, func() {}, nil
+		}
+	}
+	dir, err := os.MkdirTemp("", "lf-bench-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-lazyfork-v1")
+	cmd.Dir = repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("build shim: %v\n%s", err, out)
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
+}

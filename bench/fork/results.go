@@ -1,0 +1,162 @@
+package main
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// result is one figure, in long format.
+type result struct {
+	heapMiB int
+	system  string // lazyfork or plain
+	metric  string
+	value   float64
+	unit    string // s, B or ""
+}
+
+type results struct{ rows []result }
+
+func (r *results) add(heap int, system, metric string, v float64, unit string) {
+	r.rows = append(r.rows, result{heap, system, metric, v, unit})
+}
+
+func (r *results) addDur(heap int, system, metric string, d time.Duration) {
+	r.add(heap, system, metric, d.Seconds(), "s")
+}
+
+// get returns a figure, and whether it was measured.
+func (r *results) get(heap int, system, metric string) (float64, bool) {
+	for _, x := range r.rows {
+		if x.heapMiB == heap && x.system == system && x.metric == metric {
+			return x.value, true
+		}
+	}
+	return 0, false
+}
+
+type table struct {
+	cols []string
+	rows [][]string
+}
+
+func (r *results) table() *table {
+	t := &table{cols: []string{"heap_mib", "system", "metric", "value", "unit", "human"}}
+	for _, x := range r.rows {
+		t.rows = append(t.rows, []string{strconv.Itoa(x.heapMiB), x.system, x.metric,
+			strconv.FormatFloat(x.value, 'g', 6, 64), x.unit, human(x.value, x.unit)})
+	}
+	return t
+}
+
+func human(v float64, unit string) string {
+	switch unit {
+	case "s":
+		return fmt.Sprintf("%.1f ms", v*1000)
+	case "B":
+		return fmt.Sprintf("%.2f MB", v/1e6)
+	}
+	return strconv.FormatFloat(v, 'g', 6, 64)
+}
+
+func (t *table) print(w io.Writer) {
+	width := make([]int, len(t.cols))
+	for i, c := range t.cols {
+		width[i] = len(c)
+	}
+	for _, r := range t.rows {
+		for i, c := range r {
+			width[i] = max(width[i], len(c))
+		}
+	}
+	line := func(cells []string) {
+		for i, c := range cells {
+			fmt.Fprintf(w, "%-*s  ", width[i], c)
+		}
+		fmt.Fprintln(w)
+	}
+	line(t.cols)
+	for _, r := range t.rows {
+		line(r)
+	}
+}
+
+// writeCSV writes the table atomically (temp file + rename).
+func (t *table) writeCSV(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".fork.csv.tmp-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	cw := csv.NewWriter(f)
+	if err := cw.Write(t.cols); err != nil {
+		f.Close()
+		return err
+	}
+	if err := cw.WriteAll(t.rows); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// summary checks the targets against the figures.
+func (r *results) summary(w io.Writer, heaps []int) {
+	fmt.Fprintln(w, "\ntargets:")
+	lo, hi := heaps[0], heaps[len(heaps)-1]
+	check := func(name string, ok bool, detail string) {
+		mark := "ok  "
+		if !ok {
+			mark = "MISS"
+		}
+		fmt.Fprintf(w, "  %s %s: %s\n", mark, name, detail)
+	}
+	lf, ok1 := r.get(hi, "lazyfork", "restore_1")
+	pl, ok2 := r.get(hi, "plain", "restore_1")
+	if ok1 && ok2 {
+		check(fmt.Sprintf("restore per fork >= 5x faster than plain at %d MiB", hi), pl >= 5*lf,
+			fmt.Sprintf("%.1f ms vs %.1f ms (%.1fx)", lf*1000, pl*1000, pl/lf))
+	}
+	small, ok3 := r.get(lo, "lazyfork", "restore_1")
+	if ok1 && ok3 {
+		check(fmt.Sprintf("restore flat in heap size (%d MiB within 1.3x of %d MiB)", hi, lo), lf <= 1.3*small,
+			fmt.Sprintf("%.1f ms vs %.1f ms (%.2fx)", lf*1000, small*1000, lf/small))
+	}
+	ff1, ok4 := r.get(lo, "lazyfork", "fork_of_fork_new_memory_files")
+	ff2, ok5 := r.get(hi, "lazyfork", "fork_of_fork_new_memory_files")
+	if ok4 && ok5 {
+		check("a fork of a fork's snapshot flat in heap size", ff2 <= 1.3*ff1+1<<20,
+			fmt.Sprintf("%.2f MB at %d MiB, %.2f MB at %d MiB", ff1/1e6, lo, ff2/1e6, hi))
+	}
+	var worst float64
+	for _, h := range heaps {
+		for _, k := range []string{"memory_after_restore_1", "memory_after_restore_max"} {
+			if v, ok := r.get(h, "lazyfork", k); ok {
+				worst = max(worst, v)
+			}
+		}
+	}
+	check("memory per fork (cgroup) right after restore under 2 MB", worst < 2e6, fmt.Sprintf("worst %.2f MB", worst/1e6))
+	var parts []string
+	for _, h := range heaps {
+		if v, ok := r.get(h, "lazyfork", "shim_rss_per_fork"); ok {
+			parts = append(parts, fmt.Sprintf("%d MiB: %.2f MB", h, v/1e6))
+		}
+	}
+	fmt.Fprintf(w, "  info shim RSS per fork (one shim per family): %s\n", strings.Join(parts, ", "))
+}
