@@ -535,12 +535,21 @@ func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
 				return false, err
 			}
 		}
-		if err := fillRange(pp, rw.mem, pp.regOff, va, b[:sz]); err != nil {
-			return false, err
+		// The region holds its owner's pages at the owner's addresses: an
+		// anonymous owner's pages can be read from its pages image directly.
+		theirs := []byte(nil)
+		if owner := pp.region.owner; owner.kind == vmaAnon {
+			theirs = rw.mapped(owner, va, sz)
+		}
+		if theirs == nil {
+			theirs = b[:sz]
+			if err := fillRange(pp, rw.mem, pp.regOff, va, theirs); err != nil {
+				return false, err
+			}
 		}
 		for k := uint64(0); k < j-i; k++ {
 			checked++
-			if bytes.Equal(mineBuf[k*pageSize:(k+1)*pageSize], b[k*pageSize:(k+1)*pageSize]) {
+			if bytes.Equal(mineBuf[k*pageSize:(k+1)*pageSize], theirs[k*pageSize:(k+1)*pageSize]) {
 				continue
 			}
 			differ++
