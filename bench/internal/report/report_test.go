@@ -1,0 +1,38 @@
+package report
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestTableCSVAndPrint(t *testing.T) {
+	var m Measurements
+	m.Add("baseline", "restore1_s", "copy-1", 0.37512, "s")
+	m.Add("baseline", "restore1_memory_bytes", "copy-1", 278011904, "bytes")
+	path := filepath.Join(t.TempDir(), "sub", "x.csv")
+	if err := m.Table().WriteCSV(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "scenario,metric,subject,value,unit\nbaseline,restore1_s,copy-1,0.3751,s\nbaseline,restore1_memory_bytes,copy-1,278011904,bytes\n"
+	if string(b) != want {
+		t.Errorf("csv:\n%s\nwant:\n%s", b, want)
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
+		t.Errorf("temp files left: %v", ents)
+	}
+	tb := &Table{Columns: []string{"a", "bb"}}
+	tb.Add("x", 1500*time.Millisecond)
+	var out bytes.Buffer
+	tb.Print(&out)
+	if !strings.Contains(out.String(), "x  1.500") {
+		t.Errorf("print:\n%s", out.String())
+	}
+}
