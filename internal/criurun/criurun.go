@@ -15,7 +15,7 @@ import (
 	"time"
 
 	// crit/images/stats, not go-criu's top-level stats package: both register
-	// the same proto file, and criuimg already links this one.
+	// the same proto file, so the module links only this one.
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/stats"
 	"github.com/containerd/errdefs"
 	"github.com/lazyfork/lazyfork/criuimg"
