@@ -39,6 +39,10 @@ type Config struct {
 	// Overcommit is the value of vm.overcommit_memory containers see, or "" to
 	// leave the host's value visible.
 	Overcommit string
+	// CRIUVerbosity is the log level CRIU runs at for LazyFork containers
+	// ("" = runc's choice, 4). CRIU restores inside the fork's memory cgroup,
+	// so its log is page cache charged to every fork.
+	CRIUVerbosity string
 }
 
 // MemRoot is the root of the family memory store.
@@ -46,7 +50,7 @@ func (c Config) MemRoot() string { return filepath.Join(c.Root, "mem") }
 
 // ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE and LAZYFORK_OVERCOMMIT.
 func ConfigFromEnv() (Config, error) {
-	c := Config{Root: DefaultRoot, Overcommit: "2"}
+	c := Config{Root: DefaultRoot, Overcommit: "2", CRIUVerbosity: "1"}
 	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
 		if !filepath.IsAbs(v) {
 			return c, fmt.Errorf("LAZYFORK_ROOT %q must be absolute: %w", v, errdefs.ErrInvalidArgument)
@@ -61,6 +65,15 @@ func ConfigFromEnv() (Config, error) {
 		c.TmpfsSize = n
 	} else {
 		c.TmpfsSize = halfOfRAM()
+	}
+	switch v := os.Getenv("LAZYFORK_CRIU_VERBOSITY"); v {
+	case "":
+	case "runc", "off":
+		c.CRIUVerbosity = ""
+	case "0", "1", "2", "3", "4":
+		c.CRIUVerbosity = v
+	default:
+		return c, fmt.Errorf("LAZYFORK_CRIU_VERBOSITY %q: want 0..4 or runc: %w", v, errdefs.ErrInvalidArgument)
 	}
 	switch v := os.Getenv("LAZYFORK_OVERCOMMIT"); v {
 	case "":

@@ -32,6 +32,10 @@
 //	LAZYFORK_ROOT        tmpfs root (default /run/lazyfork); memory files in ROOT/mem
 //	LAZYFORK_TMPFS_SIZE  size of that tmpfs in bytes when LazyFork mounts it (default: half of RAM)
 //	LAZYFORK_OVERCOMMIT  "2" (default), "0", "1", or "off" to leave the host's value visible
+//	LAZYFORK_CRIU_VERBOSITY  CRIU log level for LazyFork containers, 0..4 (default 1: errors),
+//	                     or "runc" for runc's own (4); passed as runc's org.criu.config
+//	                     annotation unless the container sets one. CRIU restores inside the
+//	                     fork's memory cgroup: a debug log is page cache charged to every fork.
 //
 // # Per-container state
 //

@@ -196,6 +196,13 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		}
 		withOvercommitHook(spec, s.self, s.cfg.Overcommit)
 	}
+	if s.cfg.CRIUVerbosity != "" {
+		conf, err := ensureCRIUConfig(s.cfg.Root, s.cfg.CRIUVerbosity)
+		if err != nil {
+			return nil, fmt.Errorf("CRIU configuration: %w", err)
+		}
+		withCRIUConfig(spec, conf)
+	}
 	if err := writeSpec(r.Bundle, spec); err != nil {
 		return nil, err
 	}

@@ -126,3 +126,36 @@ func ensureOvercommitFile(familyDir, value string) error {
 	}
 	return writeFileAtomic(p, []byte(value+"\n"), 0o444)
 }
+
+// AnnotationCRIUConfig is runc's annotation naming a CRIU configuration file;
+// runc passes it to CRIU for checkpoint and restore, and its settings win over
+// runc's own (e.g. the log level).
+const AnnotationCRIUConfig = "org.criu.config"
+
+// withCRIUConfig points runc at LazyFork's CRIU configuration unless the spec
+// names one already.
+func withCRIUConfig(s *specs.Spec, path string) {
+	if _, ok := s.Annotations[AnnotationCRIUConfig]; ok {
+		return
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[AnnotationCRIUConfig] = path
+}
+
+// ensureCRIUConfig writes LazyFork's CRIU configuration file (once; its content
+// only depends on the verbosity, which is in its name).
+func ensureCRIUConfig(dir, verbosity string) (string, error) {
+	p := filepath.Join(dir, "criu-v"+verbosity+".conf")
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	conf := "# LazyFork: CRIU restores inside the fork's memory cgroup; a debug log\n" +
+		"# there is page cache charged to every fork. Errors are still logged.\n" +
+		"verbosity=" + verbosity + "\n"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	return p, writeFileAtomic(p, []byte(conf), 0o644)
+}
