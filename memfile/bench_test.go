@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/criuimg"
+	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -58,6 +59,49 @@ func BenchmarkRewrite(b *testing.B) {
 			b.ReportMetric(gib(rewrite, bytes), "rewrite-GiB/s")
 			b.ReportMetric(gib(plain, st.Size()), "cp-GiB/s")
 			b.ReportMetric(gib(rewrite, bytes)/gib(plain, st.Size()), "ratio")
+		})
+	}
+}
+
+// BenchmarkRestore restores copies of a rewritten dump and of the same dump
+// left plain, and reports each restore's time and the copy's RssAnon:
+//
+//	LAZYFORK_INTEGRATION=1 go test -run '^$' -bench Restore -benchtime 5x ./memfile
+func BenchmarkRestore(b *testing.B) {
+	for _, mib := range []int{256, 1024} {
+		b.Run(fmt.Sprintf("heap=%dMiB", mib), func(b *testing.B) {
+			e := newEnv(b)
+			pid := e.start(mib, 1)
+			dir := e.dump(pid)
+			plain := dir + "-plain"
+			copyDir(b, dir, plain)
+			e.rewrite(dir)
+			kill(pid) // a plain copy needs the PIDs free; so do not keep the parent
+			var lazy, orig time.Duration
+			var anonLazy, anonPlain int64
+			for i := 0; i < b.N; i++ {
+				r, err := criurun.Restore(context.Background(), dir, criurun.RestoreOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				lazy += r.Duration
+				m, _ := criurun.TreeMem(r.PID)
+				anonLazy += m.RssAnon
+				kill(r.PID)
+				r, err = criurun.Restore(context.Background(), plain, criurun.RestoreOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				orig += r.Duration
+				m, _ = criurun.TreeMem(r.PID)
+				anonPlain += m.RssAnon
+				kill(r.PID)
+			}
+			n := float64(b.N)
+			b.ReportMetric(float64(lazy.Milliseconds())/n, "memfile-restore-ms")
+			b.ReportMetric(float64(orig.Milliseconds())/n, "plain-restore-ms")
+			b.ReportMetric(float64(anonLazy)/n/1024, "memfile-RssAnon-kB")
+			b.ReportMetric(float64(anonPlain)/n/1024, "plain-RssAnon-kB")
 		})
 	}
 }
