@@ -23,9 +23,9 @@ func (r *result) plot(path string) error {
 		Categories: []string{"CHECKPOINT", "1 COPY", fmt.Sprintf("%d WALL", n), fmt.Sprintf("%d PER COPY", n)},
 		Series: []plot.Series{{Name: "PLAIN CRIU", Y: []float64{
 			med(func(rd *round) time.Duration { return rd.ckpt }),
-			med(func(rd *round) time.Duration { return rd.one.Start }),
+			med(func(rd *round) time.Duration { return rd.one.Restore }),
 			med(func(rd *round) time.Duration { return rd.manyWall }),
-			med(func(rd *round) time.Duration { return ctrbench.Median(copyStarts(rd.many)) }),
+			med(func(rd *round) time.Duration { return ctrbench.Median(restoreTimes(rd.many)) }),
 		}}},
 	}
 	last := r.rounds[len(r.rounds)-1]
