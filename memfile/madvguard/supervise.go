@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
+	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -28,8 +29,9 @@ import (
 // A traced process cannot be dumped: Detach before a dump (the guard then
 // answers ENOSYS, which allocators treat like EINVAL) and Attach after.
 //
-// All ptrace calls run on one locked OS thread, which waits only for its own
-// tracees (__WNOTHREAD). Run it in a process that is not the tracees' real
+// All ptrace calls run on one locked OS thread, which blocks in wait4 for its
+// own tracees only (__WNOTHREAD) and is woken by the kernel directly;
+// commands ring a doorbell (a sleeping child of that thread) to wake it. Run it in a process that is not the tracees' real
 // parent (a helper process; see Serve): a parent's own wait for the tracee
 // could take a ptrace stop meant for the supervisor.
 //
@@ -37,7 +39,9 @@ import (
 // huge page hints) and their prctl name.
 type Supervisor struct {
 	root int
+	mu   sync.Mutex // serialises commands
 	cmds chan command
+	bell atomic.Int64 // pid of the tracer's doorbell child
 	done chan struct{}
 	err  error
 
@@ -63,7 +67,7 @@ const traceOpts = unix.PTRACE_O_TRACESECCOMP | unix.PTRACE_O_TRACECLONE | unix.P
 
 // Supervise attaches to every thread of the process tree rooted at root.
 func Supervise(root int) (*Supervisor, error) {
-	s := &Supervisor{root: root, cmds: make(chan command), done: make(chan struct{})}
+	s := &Supervisor{root: root, cmds: make(chan command, 1), done: make(chan struct{})}
 	started := make(chan error, 1)
 	go s.loop(started)
 	if err := <-started; err != nil {
@@ -73,13 +77,26 @@ func Supervise(root int) (*Supervisor, error) {
 }
 
 func (s *Supervisor) do(op string) error {
-	c := command{op: op, reply: make(chan error, 1)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	select {
-	case s.cmds <- c:
+	case <-s.done:
+		return fmt.Errorf("madvguard supervisor stopped: %v", s.err)
+	default:
+	}
+	c := command{op: op, reply: make(chan error, 1)}
+	s.cmds <- c
+	// Ring: the doorbell is only reaped (and its pid freed) by the tracer
+	// after it dies, and only commands kill it, one at a time (s.mu).
+	if pid := int(s.bell.Load()); pid > 0 {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+	select {
+	case err := <-c.reply:
+		return err
 	case <-s.done:
 		return fmt.Errorf("madvguard supervisor stopped: %v", s.err)
 	}
-	return <-c.reply
 }
 
 // Detach lets go of every tracee (before a dump of the tree).
@@ -114,6 +131,8 @@ type tracer struct {
 	tracees   map[int]*tracee
 	detaching bool
 	maps      map[int]*os.File // /proc/<tgid>/maps, for PROCMAP_QUERY
+	bell      atomic.Int64     // pid of the doorbell child
+	bellProc  *os.Process
 }
 
 func ptrace(req, pid int, addr, data uintptr) error {
@@ -127,45 +146,124 @@ func ptrace(req, pid int, addr, data uintptr) error {
 func (s *Supervisor) loop(started chan<- error) {
 	runtime.LockOSThread() // ptrace requests must come from the tracer thread; never unlocked
 	defer close(s.done)
-	sig := make(chan os.Signal, 16)
-	signal.Notify(sig, syscall.SIGCHLD)
-	defer signal.Stop(sig)
 	t := &tracer{s: s, tracees: map[int]*tracee{}, maps: map[int]*os.File{}}
 	defer t.closeMaps()
+	defer t.stopBell()
+	if err := t.startBell(); err != nil {
+		s.err = err
+		started <- err
+		return
+	}
 	if err := t.attachTree(); err != nil {
 		t.detachAll()
-		started <- err
 		s.err = err
+		started <- err
 		return
 	}
 	started <- nil
-	tick := time.NewTicker(100 * time.Millisecond) // a missed SIGCHLD costs at most this
-	defer tick.Stop()
 	for {
-		select {
-		case c := <-s.cmds:
-			var err error
-			switch c.op {
-			case "detach":
-				err = t.detachAll()
-			case "attach":
-				err = t.attachTree()
-			case "close":
-				err = t.detachAll()
-				c.reply <- err
-				s.err = errors.New("closed")
-				return
-			}
-			c.reply <- err
-		case <-sig:
-		case <-tick.C:
+		tid, ws, err := t.wait(true)
+		if err != nil {
+			s.err = fmt.Errorf("madvguard: wait: %w", err)
+			t.detachAll()
+			return
 		}
-		t.drain(false)
+		if int64(tid) != t.bell.Load() {
+			t.handle(tid, ws)
+			continue
+		}
+		// The doorbell rang: a command is queued (or someone killed it).
+		// A new doorbell goes up before the queue is read, so a command
+		// queued meanwhile is either seen here or rings the new one.
+		t.bellRang()
+		if err := t.startBell(); err != nil {
+			s.err = err
+			t.detachAll()
+			return
+		}
+		for more := true; more; {
+			select {
+			case c := <-s.cmds:
+				if t.command(c) {
+					return
+				}
+			default:
+				more = false
+			}
+		}
 	}
 }
 
-// drain handles every pending stop. With block, it waits for at least one.
-func (t *tracer) drain(block bool) {
+// command runs one command and replies; it reports whether to stop.
+func (t *tracer) command(c command) bool {
+	var err error
+	switch c.op {
+	case "detach":
+		err = t.detachAll()
+	case "attach":
+		err = t.attachTree()
+	case "close":
+		err = t.detachAll()
+		t.stopBell()
+		t.s.err = errors.New("closed")
+		c.reply <- err
+		return true
+	}
+	c.reply <- err
+	return false
+}
+
+// The tracer thread blocks in wait4 for its tracees, woken by the kernel
+// directly (a SIGCHLD through the Go runtime costs extra wake-ups on every
+// stop). Commands reach it through a doorbell: a sleeping child of the
+// tracer thread that do() kills, which ends the wait.
+
+func (t *tracer) startBell() error {
+	// Pdeathsig: the doorbell dies with the tracer thread, never outlives it.
+	p, err := os.StartProcess(sleepPath(), []string{"sleep", "2147483647"},
+		&os.ProcAttr{Sys: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}})
+	if err != nil {
+		return fmt.Errorf("madvguard: doorbell: %w", err)
+	}
+	t.bellProc = p
+	t.bell.Store(int64(p.Pid))
+	t.s.bell.Store(int64(p.Pid))
+	return nil
+}
+
+// bellRang forgets a doorbell that has been reaped.
+func (t *tracer) bellRang() {
+	if t.bellProc != nil {
+		t.bellProc.Release()
+		t.bellProc = nil
+	}
+	t.bell.Store(0)
+	t.s.bell.Store(0)
+}
+
+func (t *tracer) stopBell() {
+	if pid := int(t.bell.Load()); pid > 0 {
+		unix.Kill(pid, unix.SIGKILL)
+		var ws unix.WaitStatus
+		unix.Wait4(pid, &ws, unix.WALL, nil)
+		t.bellRang()
+	}
+}
+
+func sleepPath() string {
+	for _, p := range []string{"/bin/sleep", "/usr/bin/sleep"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("sleep"); err == nil {
+		return p
+	}
+	return "sleep"
+}
+
+// wait returns the next stop or exit of a tracee or the doorbell.
+func (t *tracer) wait(block bool) (int, unix.WaitStatus, error) {
 	for {
 		var ws unix.WaitStatus
 		flags := unix.WALL | unix.WNOTHREAD
@@ -176,11 +274,25 @@ func (t *tracer) drain(block bool) {
 		if err == unix.EINTR {
 			continue
 		}
+		return tid, ws, err
+	}
+}
+
+// drain handles stops until none is pending; with block it first waits for
+// one. A doorbell that rings meanwhile is replaced (its command, if any,
+// stays queued for the main loop, which the next doorbell wakes).
+func (t *tracer) drain(block bool) {
+	for {
+		tid, ws, err := t.wait(block)
 		if err != nil || tid <= 0 {
 			return
 		}
 		block = false
-		t.s.stops.Add(1)
+		if int64(tid) == t.bell.Load() {
+			t.bellRang()
+			t.startBell()
+			continue
+		}
 		t.handle(tid, ws)
 	}
 }
@@ -195,6 +307,7 @@ func (t *tracer) resume(tid int, tr *tracee, sig int) {
 }
 
 func (t *tracer) handle(tid int, ws unix.WaitStatus) {
+	t.s.stops.Add(1)
 	tr := t.tracees[tid]
 	if ws.Exited() || ws.Signaled() {
 		delete(t.tracees, tid)
