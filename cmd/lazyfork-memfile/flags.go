@@ -39,7 +39,10 @@ Runs LazyFork's memory loop on a plain process tree and reports what it cost:
   1. start the workload as PID 1 of a new PID namespace (or take --pid),
   2. dump it with CRIU, leaving it running,
   3. rewrite the dump: its private memory moves into files of a family on a tmpfs,
-     the image keeps only what is left (registers, files, stacks...),
+     the image keeps only what is left (registers, files, stacks...); unless
+     --guard=false, the snapshot also gets madvguard's filter (purging madvise
+     calls on memory-file ranges fail in copies, so allocators never take the
+     file's bytes for zeros),
   4. restore -n copies at once, each in its own PID namespace, each mapping the
      family's files copy-on-write,
   5. with --generations K, dump copy 0 of the last generation and repeat (forks of
@@ -57,11 +60,11 @@ Examples:
   lazyfork-memfile --workload go --generations 9 -n 1
   lazyfork-memfile --workload c --plain -n 3      # plain CRIU, for comparison
 
---pid works only for a process that is PID 1 of its own PID namespace and leads its
-own session (started with "unshare --pid --fork setsid PROG", for instance; not
-with --kill-child: CRIU restores that parent-death signal, and every copy dies as
-soon as CRIU exits): copies of any other process would need the very PIDs the original still
-holds, and CRIU cannot dump a namespace whose session leader is outside it.
+--pid works only for a process that is PID 1 of its own PID namespace and leads
+its own session, e.g. started with "unshare --pid --fork setsid PROG" (not with
+--kill-child: CRIU restores that parent-death signal, and every copy dies as soon
+as CRIU exits). Copies of any other process would need the very PIDs the original
+still holds, and CRIU cannot dump a namespace whose session leader is outside it.
 
 Flags:
 `
