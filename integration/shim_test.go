@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -189,6 +190,18 @@ func TestShimBehavesLikeRunc(t *testing.T) {
 	}
 	if st, _ := task.Status(ctx); st.Status != containerd.Running {
 		t.Errorf("status after resume %s", st.Status)
+	}
+	// A checkpoint without options (what CRI sends) leaves the task running;
+	// containerd exports the LazyFork snapshot to its content store.
+	ck, err := e.Client().TaskService().Checkpoint(ctx, &tasksapi.CheckpointTaskRequest{ContainerID: id})
+	if err != nil {
+		t.Fatalf("checkpoint without options: %v", err)
+	}
+	if len(ck.Descriptors) == 0 {
+		t.Errorf("checkpoint without options exported nothing")
+	}
+	if st, _ := task.Status(ctx); st.Status != containerd.Running {
+		t.Errorf("status after a checkpoint without options: %s", st.Status)
 	}
 	// metrics and pids
 	if m, err := task.Metrics(ctx); err != nil || m == nil || m.Data == nil {
