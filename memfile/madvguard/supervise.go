@@ -31,9 +31,14 @@ import (
 //
 // All ptrace calls run on one locked OS thread, which blocks in wait4 for its
 // own tracees only (__WNOTHREAD) and is woken by the kernel directly;
-// commands ring a doorbell (a sleeping child of that thread) to wake it. Run it in a process that is not the tracees' real
-// parent (a helper process; see Serve): a parent's own wait for the tracee
-// could take a ptrace stop meant for the supervisor.
+// commands ring a doorbell (a sleeping child of that thread) to wake it.
+// Run it in a process that is not the tracees' real parent (a helper
+// process; see Serve): a parent's own wait for the tracee could take a
+// ptrace stop meant for the supervisor.
+//
+// If the supervisor dies while a call is stopped, that one call runs as a
+// plain madvise (the kernel lets a SECCOMP_RET_TRACE call through once its
+// tracer is gone); later calls fail with ENOSYS.
 //
 // Converted ranges lose what madvise set on them before (MADV_DONTDUMP,
 // huge page hints) and their prctl name.
@@ -112,7 +117,7 @@ func (s *Supervisor) Close() error {
 	return err
 }
 
-// Done is closed when the supervisor stops (Close, or every tracee gone).
+// Done is closed when the supervisor stops (Close, or a fatal error).
 func (s *Supervisor) Done() <-chan struct{} { return s.done }
 
 // Stats returns the counts so far.
