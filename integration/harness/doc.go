@@ -28,8 +28,10 @@
 // exactly only if they also use CgroupParent (linux.cgroupsPath, CRI's
 // cgroup_parent) and FIFODir for FIFO-based IO.
 //
-// A test that crashed (panic, SIGKILL) never ran its teardown: Reap, or
-// `go run ./integration/harness/cmd/lfh-reap /tmp/lfh-ID-N`, does it afterwards.
+// A test that crashed (timeout, panic, SIGKILL) never ran its teardown. Each
+// harness dir records its owner process (PID and start time); the next Start
+// reaps (ReapOrphans) every harness dir whose owner is gone, and Reap, or
+// `go run ./integration/harness/cmd/lfh-reap /tmp/lfh-ID-N`, does it by hand.
 //
 // # Tasks and images
 //

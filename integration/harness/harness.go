@@ -97,13 +97,11 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 	if err != nil {
 		return nil, err
 	}
+	// Leftovers of crashed runs first (only of owners that are gone).
+	_ = ReapOrphans(ctx, "")
 	// A short base keeps socket paths far below the 108-byte limit and the shim
 	// socket dir below containerd's 42-character limit.
-	base := os.TempDir()
-	if len(base) > 20 {
-		base = "/tmp"
-	}
-	dir, err := os.MkdirTemp(base, "lfh-"+id+"-")
+	dir, err := os.MkdirTemp(baseDir(), "lfh-"+id+"-")
 	if err != nil {
 		return nil, fmt.Errorf("harness: temp dir: %w", err)
 	}
@@ -127,6 +125,9 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 			_ = c.Stop()
 		}
 	}()
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(selfIdentity()+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("harness: %w", err)
+	}
 	if len(c.ShimSocketDir) > 42 {
 		return nil, fmt.Errorf("harness: shim socket dir %q longer than 42 bytes: %w", c.ShimSocketDir, errdefs.ErrInvalidArgument)
 	}
