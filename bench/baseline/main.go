@@ -81,6 +81,8 @@ type round struct {
 	many       []*ctrbench.Copy
 	manyWall   time.Duration
 	manyMem    []int64
+	shims      int
+	shimMem    ctrbench.ProcMemory // all shims while the N copies and the parent run
 }
 
 type result struct {
@@ -179,6 +181,12 @@ func runRound(ctx context.Context, env *ctrbench.Env, parent *ctrbench.Counter, 
 		m.Add(scenario, fmt.Sprintf("restore%d_s", n), sub(c.ID), c.Restore.Seconds(), "s")
 		m.Add(scenario, fmt.Sprintf("restore%d_memory_bytes", n), sub(c.ID), float64(mem), "bytes")
 	}
+	if rd.shims, rd.shimMem, err = env.ShimMemory(); err != nil {
+		return nil, err
+	}
+	m.Add(scenario, "shims", sub(""), float64(rd.shims), "count")
+	m.Add(scenario, "shim_rss_bytes", sub(""), float64(rd.shimMem.RSS), "bytes")
+	m.Add(scenario, "shim_rss_anon_bytes", sub(""), float64(rd.shimMem.RssAnon), "bytes")
 	for _, c := range rd.many {
 		if err := check(ctx, c, before); err != nil {
 			return nil, err
@@ -258,6 +266,11 @@ func (r *result) print() {
 		fmt.Sprintf("%s total", report.MB(total)),
 		fmt.Sprintf("per copy: median %.3f s, max %.3f s", pmed.Seconds(), pmax.Seconds()))
 	t.Add("  memory of each copy", "", fmt.Sprintf("%s .. %s", report.MB(minMem), report.MB(maxMem)), "none shared")
+	if last.shims > 0 {
+		t.Add("  shim processes", "", fmt.Sprintf("%s RSS each", report.MB(last.shimMem.RSS/int64(last.shims))),
+			fmt.Sprintf("%d shims (parent + copies), %s private (RssAnon) each, outside the cgroups",
+				last.shims, report.MB(last.shimMem.RssAnon/int64(last.shims))))
+	}
 	for i, c := range last.many {
 		t.Add("  "+c.ID, fmt.Sprintf("%.3f s", c.Restore.Seconds()), report.MB(last.manyMem[i]), fmt.Sprintf("first tick %d", c.FirstTick))
 	}
