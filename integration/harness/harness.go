@@ -183,7 +183,14 @@ func (c *Containerd) daemonEnv() []string {
 			env = append(env, kv)
 		}
 	}
-	dirs := append([]string{}, c.opts.BinDirs...)
+	var dirs []string
+	for _, d := range c.opts.BinDirs {
+		// containerd runs in c.Dir: a relative dir would resolve there.
+		if a, err := filepath.Abs(d); err == nil {
+			d = a
+		}
+		dirs = append(dirs, d)
+	}
 	if path != "" {
 		dirs = append(dirs, path)
 	}
