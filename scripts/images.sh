@@ -48,8 +48,8 @@ for a in "$@"; do
 done
 [ ${#names[@]} -gt 0 ] || names=(busybox python)
 
-die() {
-	echo "images.sh: FAILED at step '$STEP': $*" >&2
+die() { # the EXIT trap then names the step that failed
+	echo "images.sh: $*" >&2
 	exit 1
 }
 STEP=start
