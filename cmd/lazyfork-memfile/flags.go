@@ -52,7 +52,8 @@ Runs LazyFork's memory loop on a plain process tree and reports what it cost:
 
 Unless --keep is given, the copies are killed (SIGKILL, by PID), the files freed and
 the temporary tmpfs unmounted at the end; the workload it started is killed too.
-With --keep everything stays, and the table says where.
+With --keep everything stays after a successful run, and the table says where
+(a failed run always cleans up).
 
 Examples:
   lazyfork-memfile --workload c --heap 256 -n 10

@@ -73,7 +73,8 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 		copies []*memloop.Copy
 	)
 	defer func() {
-		if c.keep {
+		// --keep keeps a successful run's copies; a failed run leaves nothing.
+		if c.keep && err == nil {
 			return
 		}
 		// Copies first: they map the files; then the snapshots' holds, the workload
