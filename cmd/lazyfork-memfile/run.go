@@ -61,6 +61,9 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 			storeRoot = filepath.Join(work, "mem")
 		}
 		if loop, err = memloop.Open(storeRoot, c.family, c.tmpfsSize); err != nil {
+			if ownWork {
+				os.RemoveAll(work)
+			}
 			return err
 		}
 	}
