@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -118,6 +119,7 @@ func openStore(cfg Config) (*memfile.Store, error) {
 // hook, family reference) and then lets runc's shim create the task. A create
 // from a LazyFork snapshot is only recorded; runc restores it at Start.
 func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+	t0 := time.Now()
 	c, err := s.prepare(ctx, r)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -129,6 +131,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			}
 		}
 	}()
+	t1 := time.Now()
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err != nil {
 		return nil, err
@@ -136,6 +139,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	s.mu.Lock()
 	s.containers[r.ID] = c
 	s.mu.Unlock()
+	log.G(ctx).WithFields(log.Fields{"id": r.ID, "prepare": t1.Sub(t0), "runc_create": time.Since(t1)}).Debug("lazyfork: created")
 	return resp, nil
 }
 
@@ -273,11 +277,13 @@ func (s *Service) get(id string) *container {
 // CRIU restore. runc's shim neither loads a restored task's cgroup nor watches
 // it for OOM; LazyFork does both.
 func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	t0 := time.Now()
 	resp, err := s.TTRPCTaskService.Start(ctx, r)
 	c := s.get(r.ID)
 	if r.ExecID != "" || c == nil || c.state.Snapshot == "" {
 		return resp, err
 	}
+	log.G(ctx).WithFields(log.Fields{"id": r.ID, "restore": time.Since(t0)}).Debug("lazyfork: restored")
 	if err != nil {
 		return nil, restoreError(err, c.bundle)
 	}
