@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -69,7 +70,14 @@ func findNamespacedKey(ctx context.Context, newKey, source string) (string, erro
 	if !ok {
 		return "", fmt.Errorf("no snapshot %q: %w", source, errdefs.ErrNotFound)
 	}
-	var found []string
+	// Backend snapshots outlive their containerd record until containerd's
+	// GC runs, so a deleted and recreated key can appear twice. containerd
+	// numbers its snapshots from a growing sequence and a key is unique
+	// among its live snapshots, so the newest is the live one.
+	var (
+		found string
+		best  uint64
+	)
 	err := walkInfo(ctx, func(ctx context.Context, info snapshots.Info) error {
 		if info.Kind != snapshots.KindActive {
 			return nil
@@ -79,22 +87,25 @@ func findNamespacedKey(ctx context.Context, newKey, source string) (string, erro
 			return nil
 		}
 		n, k, ok := strings.Cut(rest, "/")
-		if ok && k == source && n != "" && strings.Trim(n, "0123456789") == "" {
-			found = append(found, info.Name)
+		if !ok || k != source {
+			return nil
+		}
+		seq, err := strconv.ParseUint(n, 10, 64)
+		if err != nil {
+			return nil
+		}
+		if found == "" || seq > best {
+			found, best = info.Name, seq
 		}
 		return nil
 	})
 	if err != nil {
 		return "", err
 	}
-	switch len(found) {
-	case 0:
+	if found == "" {
 		return "", fmt.Errorf("no active snapshot %q in namespace %q: %w", source, ns, errdefs.ErrNotFound)
-	case 1:
-		return found[0], nil
-	default:
-		return "", fmt.Errorf("%d active snapshots named %q in namespace %q: %w", len(found), source, ns, errdefs.ErrFailedPrecondition)
 	}
+	return found, nil
 }
 
 // Freeze makes the frozen layer frozenName from the active snapshot

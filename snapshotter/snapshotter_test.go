@@ -64,6 +64,9 @@ func TestFreezeSourceResolution(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A stale backend copy of the same key, older than the live one (its
+	// containerd record is gone, containerd's GC has not run yet).
+	mustPrepare("ns1/0/ctr", "ns1/2/base")
 	label := func(v string) snapshots.Opt {
 		return snapshots.WithLabels(map[string]string{FreezeSourceLabel: v})
 	}
