@@ -20,21 +20,25 @@
 //
 // A fork must see its parent's filesystem as it was at the fork instant while
 // the parent keeps writing to its own upper dir. A frozen layer is a committed
-// snapshot whose content is a copy of an active snapshot's upper dir, taken
-// while the task using it is frozen, and whose parent is the active snapshot's
-// parent. Forks are then prepared on the frozen layer with fresh, empty upper
-// dirs, so each fork costs one mkdir no matter how much the parent wrote.
+// snapshot whose content is a copy of an active snapshot's upper dir as it was
+// while the task using it was frozen, and whose parent is the active
+// snapshot's parent. Forks are then prepared on the frozen layer with fresh,
+// empty upper dirs, so each fork costs one mkdir no matter how much the parent
+// wrote, and a fork of a fork stacks one more frozen layer.
 //
 // It is created through the ordinary snapshot API, so that containerd's
 // metadata (and therefore its garbage collector and leases) tracks it:
 //
-//	Prepare(tmp, parentOf(active), label FreezeSourceLabel=active)
-//	Commit(frozen, tmp)
+//	Prepare(tmp, parentOf(active), label FreezeSourceLabel=active)  task running
+//	Commit(frozen, tmp)                                             task frozen
 //
-// Seeing the label, Prepare fills the new snapshot's layer with a copy of the
-// source's upper dir (reflinks where the filesystem has them, copy_file_range
-// otherwise, holes kept). Package snapshotter/client wraps the two calls.
-// A frozen layer then lives exactly as long as anything stacks on it:
-// containerd's GC follows parent links, and this snapshotter refuses to remove
-// a snapshot that still has children.
+// Seeing the label, Prepare copies the source's upper dir while the task still
+// runs (reflinks where the filesystem has them, copy_file_range otherwise,
+// holes kept), and Commit walks it again and copies only the files whose ctime
+// moved since, so the task is frozen for what changed, not for what it holds
+// (see freeze.go). Package snapshotter/client wraps the calls.
+//
+// A frozen layer lives exactly as long as anything stacks on it: containerd's
+// GC follows parent links, and this snapshotter refuses to remove a snapshot
+// that still has children.
 package snapshotter

@@ -1,11 +1,12 @@
 // Package client is what a fork orchestrator needs from lazyfork-snapshotter,
 // without pulling in the snapshotter itself.
 //
-// Freeze makes a frozen layer through any snapshots.Snapshotter: pass
-// containerd's client.SnapshotService("lazyfork") so that containerd tracks
-// the layer (its leases and GC then keep it exactly as long as something
-// stacks on it). Call it while the task using the active snapshot is frozen,
-// under a lease (leases.WithLease) that lasts until the forks' snapshots are
+// StartFreeze/Commit (or Freeze, both at once) make a frozen layer through
+// any snapshots.Snapshotter: pass containerd's
+// client.SnapshotService("lazyfork") so that containerd tracks the layer (its
+// leases and GC then keep it exactly as long as something stacks on it).
+// Commit (or Freeze) must run while the task using the active snapshot is
+// frozen. Work under a lease (leases.WithLease) that lasts until the forks' snapshots are
 // prepared on the frozen layer; without a lease containerd's GC may collect
 // the frozen layer before the first fork stacks on it.
 //
