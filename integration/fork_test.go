@@ -586,6 +586,22 @@ func TestCtrFlows(t *testing.T) {
 			t.Errorf("CLI fork %s is %q", f, st)
 		}
 	}
+	// lazyfork mem reports the family's files, holders and the memory cgroup
+	// they are charged to.
+	mb, err := exec.Command(filepath.Join(e.Bin, "lazyfork"), "--root", e.Root, "mem").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lazyfork mem: %v\n%s", err, mb)
+	}
+	found := false
+	for _, l := range strings.Split(string(mb), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 5 && f[0] == id {
+			found = f[1] != "0" && f[2] != "0" && f[3] != "0" && strings.HasPrefix(f[4], "/")
+		}
+	}
+	if !found {
+		t.Errorf("lazyfork mem does not report family %s with files, holders and a cgroup:\n%s", id, mb)
+	}
 	e.ctr(t, "tasks", "kill", "-s", "SIGKILL", id)
 	deadline = time.Now().Add(30 * time.Second)
 	for e.taskStatus(t, id) != "STOPPED" && time.Now().Before(deadline) {

@@ -399,6 +399,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("lazyfork: rewrite checkpoint %s of %s into family %s (the directory keeps runc's plain image): %w", r.Path, r.ID, st.Family, err))
 	}
+	if err := recordCharge(s.cfg.Root, st.Family); err != nil {
+		log.G(ctx).WithError(err).Warn("lazyfork: record family")
+	}
 	log.G(ctx).WithFields(log.Fields{
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,

@@ -1,8 +1,11 @@
 // Command lazyfork forks running containers (a minimal CLI for now):
 //
 //	lazyfork [--address SOCK] [--namespace NS] [--root DIR] fork NAME [-n N]
+//	lazyfork [--root DIR] mem
 //
-// prints the ids of the new containers, one a line.
+// fork prints the ids of the new containers, one a line; mem lists each
+// family's memory files, what pins them and the memory cgroup they are
+// charged to.
 package main
 
 import (
@@ -26,6 +29,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: lazyfork [--address SOCK] [--namespace NS] [--root DIR] fork NAME [-n N]")
+	fmt.Fprintln(os.Stderr, "       lazyfork [--root DIR] mem")
 }
 
 func run(args []string) error {
@@ -38,6 +42,9 @@ func run(args []string) error {
 		return err
 	}
 	rest := g.Args()
+	if len(rest) == 1 && rest[0] == "mem" {
+		return mem(client.New(nil, client.WithRoot(*root)))
+	}
 	if len(rest) == 0 || rest[0] != "fork" {
 		usage()
 		return fmt.Errorf("unknown command %q", rest)
@@ -82,4 +89,20 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+func mem(c *client.Client) error {
+	fams, err := c.Families()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%-30s %6s %12s %8s  %s\n", "FAMILY", "FILES", "BYTES", "HOLDERS", "CHARGED TO (MEMORY CGROUP)")
+	for _, f := range fams {
+		cg := f.MemoryCgroup
+		if cg == "" {
+			cg = "-"
+		}
+		fmt.Printf("%-30s %6d %12d %8d  %s\n", f.Name, len(f.Files), f.Bytes, len(f.Holders), cg)
+	}
+	return nil
 }
