@@ -11,8 +11,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/memfile"
-	"github.com/lazyfork/lazyfork/shim"
 )
+
+// familyRecord is what the shim writes after a rewrite at
+// ROOT/families/<family>.json (shim.FamilyRecord; read here without pulling
+// the shim's packages into the SDK).
+type familyRecord struct {
+	MemoryCgroup string `json:"memoryCgroup"`
+}
 
 // FamilyInfo describes a family's memory files on this host.
 type FamilyInfo struct {
@@ -62,8 +68,8 @@ func (c *Client) Families() ([]FamilyInfo, error) {
 		if h, err := store.Holders(e.Name()); err == nil {
 			fi.Holders = h
 		}
-		if b, err := os.ReadFile(shim.FamilyRecordPath(c.root, e.Name())); err == nil {
-			var rec shim.FamilyRecord
+		if b, err := os.ReadFile(filepath.Join(c.root, "families", e.Name()+".json")); err == nil {
+			var rec familyRecord
 			if json.Unmarshal(b, &rec) == nil {
 				fi.MemoryCgroup = rec.MemoryCgroup
 			}
