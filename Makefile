@@ -12,7 +12,7 @@ COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-m
 export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
 .PHONY: all help build install uninstall deps images test integration check \
-	bench-baseline bench-memfile bench-fork bench-snapshotter bench-allocators \
+	bench-baseline bench-memfile bench-fork bench-snapshotter bench-allocators bench-rewrite fidelity \
 	proto proto-check lint clean
 
 all: build
@@ -58,6 +58,15 @@ bench-fork: build ## LazyFork fork vs plain restore through containerd
 
 bench-snapshotter: ## fork rootfs preparation vs per-fork copy of the upper layer
 	$(GO) run ./bench/snapshotter
+
+bench-allocators: ## glibc, jemalloc, mimalloc in forks: failures, memory, madvise cost per guard mode
+	$(GO) run ./bench/allocators
+
+bench-rewrite: ## memfile rewrite throughput vs cp, restore vs plain CRIU (go test benchmarks)
+	LAZYFORK_INTEGRATION=1 $(GO) test -run '^$$' -bench 'Rewrite|Restore' -benchtime 5x ./memfile
+
+fidelity: ## real-CRIU fidelity tests of the memfile rewrite on plain process trees (root)
+	LAZYFORK_INTEGRATION=1 $(GO) test -count=1 -timeout 30m ./fidelity/
 
 proto: ## regenerate proto/ stubs
 	bash proto/generate.sh
