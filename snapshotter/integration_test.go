@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,8 +31,17 @@ import (
 var (
 	buildOnce sync.Once
 	binPath   string
+	builtDir  string // removed by TestMain when we built the binary
 	buildErr  error
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtDir != "" {
+		os.RemoveAll(builtDir)
+	}
+	os.Exit(code)
+}
 
 // snapshotterBinary builds cmd/lazyfork-snapshotter once per test binary
 // (or takes it from $LAZYFORK_BIN, as `make integration` sets).
@@ -50,6 +60,7 @@ func snapshotterBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		builtDir = dir
 		binPath = filepath.Join(dir, "lazyfork-snapshotter")
 		out, err := exec.Command("go", "build", "-o", binPath, "github.com/lazyfork/lazyfork/cmd/lazyfork-snapshotter").CombinedOutput()
 		if err != nil {
@@ -480,5 +491,186 @@ func TestForkFamilyThroughContainerd(t *testing.T) {
 	// Left: the image's one layer.
 	if st.Active != 0 || st.Committed != 1 || len(entries) != 1 {
 		t.Errorf("after everything went: %+v, %d dirs", st, len(entries))
+	}
+}
+
+// containerdPID finds the daemon the harness started for c by its exact
+// command line (the harness does not export it).
+func containerdPID(c *harness.Containerd) (int, error) {
+	cfg := filepath.Join(c.Dir, "config.toml")
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) == 3 && filepath.Base(args[0]) == "containerd" && args[1] == "--config" && args[2] == cfg {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no containerd running with %s", cfg)
+}
+
+// Killing containerd and the snapshotter with SIGKILL under running forks
+// and starting them again: the forks' rootfs keep working, containerd still
+// knows every snapshot, new forks stack on the old frozen layer, and GC frees
+// the frozen layer when its last user goes.
+func TestRestartContainerdAndSnapshotter(t *testing.T) {
+	testutil.RequiresBinary(t, "containerd")
+	testutil.RequiresBinary(t, "runc")
+	// Registered before the harness, so it runs after the harness's
+	// teardown has used the restarted daemon.
+	var restarted *exec.Cmd
+	t.Cleanup(func() {
+		if restarted != nil && restarted.Process != nil {
+			restarted.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { restarted.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				restarted.Process.Kill()
+				<-done
+			}
+		}
+	})
+	d, c := startStack(t)
+	ctx := c.Context(context.Background())
+	img, err := c.ImportImage(ctx, "busybox", harness.WithSnapshotter(client.SnapshotterName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := c.Client().SnapshotService(client.SnapshotterName)
+	parentCtr, err := c.NewContainer(ctx, "lfsn-rparent", harness.ContainerConfig{
+		Image: img, Snapshotter: client.SnapshotterName, Args: []string{"sleep", "3600"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := c.StartTask(ctx, parentCtr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, ctx, parent, "echo at-fork > /mark")
+	lctx := freeze(t, ctx, c, parent, "lfsn-rparent", "lfsn-rfrozen")
+	var forks []containerd.Task
+	for i := range 2 {
+		key := fmt.Sprintf("lfsn-rfork-%d", i)
+		if _, err := sn.Prepare(lctx, key, "lfsn-rfrozen"); err != nil {
+			t.Fatal(err)
+		}
+		forks = append(forks, newContainerOn(t, ctx, c, img, key, key))
+	}
+	dropLease(t, ctx, lctx, c)
+
+	// Both daemons die at once.
+	pid, err := containerdPID(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, syscall.Kill(pid, syscall.SIGKILL))
+	d.stop(syscall.SIGKILL)
+	for syscall.Kill(pid, 0) == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// The containers run on: their overlays belong to the kernel.
+	cfgPath := filepath.Join(c.Dir, "config.toml")
+	shimPIDs := harness.ShimPIDs(c.Address)
+	if len(shimPIDs) == 0 {
+		t.Fatal("no shim survived containerd")
+	}
+
+	d.start()
+	logf, err := os.OpenFile(c.LogPath, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted = exec.Command(filepath.Join(filepath.Dir(mustLookPath(t, "containerd")), "containerd"), "--config", cfgPath)
+	restarted.Dir, restarted.Stdout, restarted.Stderr = c.Dir, logf, logf
+	restarted.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := restarted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logf.Close()
+	// The harness's client reconnects by itself.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ok, err := c.Client().IsServing(ctx); err == nil && ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("restarted containerd does not serve")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	for i, f := range forks {
+		task, err := c.Client().LoadContainer(ctx, f.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk, err := task.Task(ctx, nil)
+		if err != nil {
+			t.Fatalf("fork %d's task after the restart: %v", i, err)
+		}
+		forks[i] = tk
+		if got := sh(t, ctx, tk, "cat /mark; echo after > /after; cat /after"); got != "at-fork\nafter" {
+			t.Errorf("fork %d after the restarts: %q", i, got)
+		}
+	}
+	if st := d.status(t); len(st.Missing) != 0 || st.Frozen != 1 {
+		t.Errorf("snapshotter status after the restarts: %+v", st)
+	}
+	if _, err := sn.Stat(ctx, "lfsn-rfrozen"); err != nil {
+		t.Errorf("containerd lost the frozen layer: %v", err)
+	}
+	lctx2, done, err := c.Client().WithLease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sn.Prepare(lctx2, "lfsn-rlate", "lfsn-rfrozen"); err != nil {
+		t.Fatal(err)
+	}
+	late := newContainerOn(t, ctx, c, img, "lfsn-rlate", "lfsn-rlate")
+	must(t, done(ctx))
+	if got := sh(t, ctx, late, "cat /mark"); got != "at-fork" {
+		t.Errorf("fork made after the restarts reads %q", got)
+	}
+
+	ptask, err := parentCtr.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range append(forks, late, ptask) {
+		removeContainer(t, ctx, c, tk)
+	}
+	collect(t, ctx, c)
+	if st := d.status(t); st.Frozen != 0 || st.Active != 0 {
+		t.Errorf("after every container went: %+v", st)
+	}
+}
+
+func mustLookPath(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
