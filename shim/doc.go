@@ -37,6 +37,18 @@
 //	                     annotation unless the container sets one. CRIU restores inside the
 //	                     fork's memory cgroup: a debug log is page cache charged to every fork.
 //
+// # Memory accounting
+//
+// The kernel charges a tmpfs page to the memory cgroup of the process that first
+// writes it. The family's memory files are written by the family's shim during
+// the checkpoint rewrite, so they are charged to the shim's memory cgroup
+// (containerd's, unless runc's ShimCgroup option puts the shim elsewhere, e.g.
+// a dedicated /lazyfork cgroup), never to a fork: a fork's cgroup only holds
+// the pages it wrote itself plus what CRIU left anonymous (stack, dirty pages
+// of private file mappings such as an interpreter's .data). After each rewrite
+// the shim records that cgroup in ROOT/families/<family>.json; `lazyfork mem`
+// and client.Families report it.
+//
 // # Per-container state
 //
 // Anything the `delete` subcommand or a later shim needs (family, reference
