@@ -25,7 +25,7 @@ APT_PACKAGES=(
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
 	libnl-3-dev libcap-dev libnet1-dev libaio-dev libbsd-dev libgnutls28-dev uuid-dev libdrm-dev
 	libseccomp-dev iptables debootstrap dpkg-dev util-linux iproute2 procps
-	libjemalloc2 libjemalloc-dev libmimalloc2.0 libmimalloc-dev
+	libjemalloc2 libjemalloc-dev libmimalloc2.0 libmimalloc-dev xfsprogs
 )
 
 step_name=""
