@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"github.com/containerd/cgroups/v3"
+	eventstypes "github.com/containerd/containerd/api/events"
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/typeurl/v2"
 
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
@@ -700,5 +703,47 @@ func TestForkOfFork(t *testing.T) {
 	}
 	if n != 9 {
 		t.Errorf("%d containers hold the family's files, want 9: %v", n, holders)
+	}
+}
+
+// TestForkOOM: runc's shim watches only the tasks it creates for OOM; a
+// restored fork must report its OOM kills too.
+func TestForkOOM(t *testing.T) {
+	e := startLF(t, harness.Options{})
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "oom-" + lfRandom(4)
+	_, task := e.run(t, ctx, img, id, pyHold(16, ""), oci.WithMemoryLimit(96<<20))
+	(&counter{e: e, id: id, task: task}).waitLine(t, ctx, 0, "tick 2")
+	res, err := e.lfClient().Fork(ctx, id, 1, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork := res.Forks[0]
+	evctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	events, errs := e.Client().EventService().Subscribe(evctx, `topic=="/tasks/oom"`)
+	// A process in the fork that outgrows the limit is OOM-killed.
+	out, code, err := e.execOut(ctx, fork.Task, "python3", "-c", "b = bytearray(512 << 20)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("hog exited %d: %s", code, strings.TrimSpace(out))
+	for {
+		select {
+		case env := <-events:
+			v, err := typeurl.UnmarshalAny(env.Event)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev, ok := v.(*eventstypes.TaskOOM); ok && ev.ContainerID == fork.Container.ID() {
+				return
+			}
+		case err := <-errs:
+			t.Fatalf("no OOM event for the fork: %v", err)
+		}
 	}
 }
