@@ -12,8 +12,10 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 
 	"github.com/lazyfork/lazyfork/memfile"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
 // RuntimeName is the runtime every LazyFork container runs under.
@@ -82,7 +84,28 @@ func (c *Client) RemoveSnapshot(ctx context.Context, imageDir string) error {
 	} else if !errdefs.IsNotFound(err) && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("read snapshot %s: %w", imageDir, err)
 	}
+	if rfs, err := readRootfsSource(snapDir); err == nil && rfs.Frozen != "" {
+		c.releaseFrozen(ctx, rfs.Frozen)
+	}
 	return c.removeSnapshot(family, snapDir)
+}
+
+// releaseFrozen drops a kept snapshot's frozen layer: removed at once if no
+// fork stacks on it, else left to containerd's garbage collector once the
+// last fork goes.
+func (c *Client) releaseFrozen(ctx context.Context, name string) {
+	sn := c.cd.SnapshotService(snapclient.SnapshotterName)
+	if err := sn.Remove(ctx, name); err == nil || errdefs.IsNotFound(err) {
+		return
+	}
+	info, err := sn.Stat(ctx, name)
+	if err != nil {
+		return
+	}
+	delete(info.Labels, gcRootLabel)
+	if _, err := sn.Update(ctx, info, "labels."+gcRootLabel); err != nil {
+		log.G(ctx).WithError(err).WithField("frozen", name).Warn("lazyfork: release frozen layer")
+	}
 }
 
 // removeSnapshot drops the snapshot's memory-file reference (if it got one) and

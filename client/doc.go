@@ -30,7 +30,14 @@
 //
 // # Root filesystem
 //
-// Until LazyFork's snapshotter (frozen layers, O(1) per fork) is wired in, a
-// fork's rootfs costs a copy of the parent's writable layer; the parent must be
-// on an overlay-style snapshotter whose mounts name an upperdir.
+// On LazyFork's snapshotter (containerd snapshotter "lazyfork"), the parent's
+// writable layer becomes a frozen layer: the bulk copy runs before the pause,
+// the catch-up while the task is frozen, and every fork stacks a fresh upper on
+// that one layer (O(1) per fork). A kept snapshot pins its frozen layer
+// (containerd.io/gc.root) until RemoveSnapshot.
+//
+// On any other snapshotter, a fork's rootfs is a fresh snapshot of the parent's
+// image plus a copy of the parent's writable layer (taken while it is frozen,
+// then copied into each fork); the parent must be on an overlay-style
+// snapshotter whose mounts name an upperdir.
 package client

@@ -15,6 +15,7 @@ import (
 	runcopts "github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -23,6 +24,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/lazyfork/lazyfork/memfile"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
 // ForkOpt configures one Fork call.
@@ -143,9 +145,15 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 	imageDir := filepath.Join(snapDir, "image")
-	upperCopy := filepath.Join(snapDir, "upper")
+	rfs := &rootfsSource{}
 	res := &Result{Parent: parentID, Snapshot: imageDir}
 	defer func() {
+		if retErr != nil && rfs.Frozen != "" {
+			// No fork is left to stack on the frozen layer: drop it.
+			if err := c.cd.SnapshotService(info.Snapshotter).Remove(context.WithoutCancel(ctx), rfs.Frozen); err != nil && !errdefs.IsNotFound(err) {
+				log.G(ctx).WithError(err).WithField("frozen", rfs.Frozen).Warn("lazyfork: remove frozen layer")
+			}
+		}
 		if retErr != nil || !cfg.keepSnapshot {
 			if err := c.removeSnapshot(res.Family, snapDir); err != nil {
 				log.G(ctx).WithError(err).WithField("snapshot", snapDir).Warn("lazyfork: remove snapshot")
@@ -159,11 +167,14 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
-	if err := c.snapshot(ctx, parent, info, task, st.Status == containerd.Paused, imageDir, upperCopy, res); err != nil {
+	if err := c.snapshot(ctx, parent, info, task, st.Status == containerd.Paused, imageDir, rfs, cfg.keepSnapshot, res); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	if err := writeRootfsSource(snapDir, rfs); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
-	forks, restore, err := c.restoreForks(ctx, parentID, info, spec, res.Family, imageDir, upperCopy, n, &cfg)
+	forks, restore, err := c.restoreForks(ctx, parentID, info, spec, res.Family, imageDir, rfs, n, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
@@ -195,9 +206,9 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: snapshot %s: %w", parentID, imageDir, err)
 	}
-	upperCopy := filepath.Join(filepath.Dir(imageDir), "upper")
-	if st, err := os.Stat(upperCopy); err != nil || !st.IsDir() {
-		return nil, fmt.Errorf("restore forks of %s: snapshot %s has no writable layer copy (not made by Fork?): %w", parentID, imageDir, errdefs.ErrNotFound)
+	rfs, err := readRootfsSource(filepath.Dir(imageDir))
+	if err != nil {
+		return nil, fmt.Errorf("restore forks of %s: snapshot %s (not made by Fork?): %w", parentID, imageDir, err)
 	}
 	parent, err := c.cd.LoadContainer(ctx, parentID)
 	if err != nil {
@@ -211,7 +222,7 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 	if err != nil {
 		return nil, err
 	}
-	forks, _, err := c.restoreForks(ctx, parentID, info, spec, snap.Family, imageDir, upperCopy, n, &cfg)
+	forks, _, err := c.restoreForks(ctx, parentID, info, spec, snap.Family, imageDir, rfs, n, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
 	}
@@ -220,7 +231,7 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 
 // restoreForks makes n forks at once; if any fails, all are removed.
 func (c *Client) restoreForks(ctx context.Context, parentID string, info containers.Container, spec *oci.Spec,
-	family, imageDir, upperCopy string, n int, cfg *forkConfig) ([]Fork, time.Duration, error) {
+	family, imageDir string, rfs *rootfsSource, n int, cfg *forkConfig) ([]Fork, time.Duration, error) {
 	ids := cfg.ids
 	if ids == nil {
 		ids = make([]string, n)
@@ -236,7 +247,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, imageDir, upperCopy, cfg)
+			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, imageDir, rfs, cfg)
 		}()
 	}
 	wg.Wait()
@@ -252,11 +263,34 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 	return forks, took, nil
 }
 
-// snapshot freezes the parent, checkpoints it through the shim, copies its
-// writable layer aside, and thaws it again (whatever happened, unless the
-// caller had it paused already).
+// snapshot freezes the parent, checkpoints it through the shim, captures its
+// writable layer (a frozen layer on LazyFork's snapshotter, else a copy aside),
+// and thaws it again (whatever happened, unless the caller had it paused
+// already).
 func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info containers.Container, task containerd.Task,
-	wasPaused bool, imageDir, upperCopy string, res *Result) (retErr error) {
+	wasPaused bool, imageDir string, rfs *rootfsSource, keep bool, res *Result) (retErr error) {
+	var pending *snapclient.PendingFreeze
+	if info.Snapshotter == snapclient.SnapshotterName {
+		// The bulk of the layer copy happens before the pause; Commit only
+		// catches up with what changed meanwhile.
+		var labels map[string]string
+		if keep {
+			labels = map[string]string{gcRootLabel: time.Now().UTC().Format(time.RFC3339)}
+		}
+		name := "lazyfork-frozen-" + filepath.Base(filepath.Dir(imageDir))
+		p, err := snapclient.StartFreeze(ctx, c.cd.SnapshotService(info.Snapshotter), info.SnapshotKey, name, snapshots.WithLabels(labels))
+		if err != nil {
+			return fmt.Errorf("start freezing the writable layer: %w", err)
+		}
+		pending = p
+		defer func() {
+			if pending != nil {
+				if err := pending.Abort(ctx); err != nil {
+					log.G(ctx).WithError(err).Warn("lazyfork: abort freeze")
+				}
+			}
+		}()
+	}
 	t0 := time.Now()
 	if !wasPaused {
 		if err := task.Pause(ctx); err != nil {
@@ -289,11 +323,22 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 	}
 	res.Family = snap.Family
 	t2 := time.Now()
+	if pending != nil {
+		frozen, err := pending.Commit(ctx)
+		pending = nil // Commit aborts by itself on error
+		if err != nil {
+			return fmt.Errorf("freeze writable layer of %s: %w", parent.ID(), err)
+		}
+		rfs.Frozen = frozen.Name
+		res.CopyUpper = time.Since(t2)
+		return nil
+	}
 	upper, err := c.upperDir(ctx, info.Snapshotter, info.SnapshotKey)
 	if err != nil {
 		return err
 	}
-	if err := copyLayer(upperCopy, upper); err != nil {
+	rfs.UpperCopy = filepath.Join(filepath.Dir(imageDir), "upper")
+	if err := copyLayer(rfs.UpperCopy, upper); err != nil {
 		return fmt.Errorf("copy writable layer of %s: %w", parent.ID(), err)
 	}
 	res.CopyUpper = time.Since(t2)
@@ -302,14 +347,18 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 
 // restoreFork makes fork id: its rootfs, its container, its restored task.
 func (c *Client) restoreFork(ctx context.Context, id, parentID string, info containers.Container, spec *oci.Spec,
-	family, imageDir, upperCopy string, cfg *forkConfig) (f Fork, retErr error) {
+	family, imageDir string, rfs *rootfsSource, cfg *forkConfig) (f Fork, retErr error) {
 	sn := c.cd.SnapshotService(info.Snapshotter)
-	pinfo, err := sn.Stat(ctx, info.SnapshotKey)
-	if err != nil {
-		return f, fmt.Errorf("fork %s: parent snapshot: %w", id, err)
+	base := rfs.Frozen // a fork stacks a fresh upper on the frozen layer...
+	if base == "" {    // ...or on the parent's image, then copies the layer in
+		pinfo, err := sn.Stat(ctx, info.SnapshotKey)
+		if err != nil {
+			return f, fmt.Errorf("fork %s: parent snapshot: %w", id, err)
+		}
+		base = pinfo.Parent
 	}
 	key := id
-	mounts, err := sn.Prepare(ctx, key, pinfo.Parent)
+	mounts, err := sn.Prepare(ctx, key, base)
 	if err != nil {
 		return f, fmt.Errorf("fork %s: prepare rootfs: %w", id, err)
 	}
@@ -321,12 +370,14 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 			}
 		}
 	}()
-	upper, err := upperOf(mounts)
-	if err != nil {
-		return f, fmt.Errorf("fork %s: %w", id, err)
-	}
-	if err := copyLayer(upper, upperCopy); err != nil {
-		return f, fmt.Errorf("fork %s: copy writable layer: %w", id, err)
+	if rfs.Frozen == "" {
+		upper, err := upperOf(mounts)
+		if err != nil {
+			return f, fmt.Errorf("fork %s: %w", id, err)
+		}
+		if err := copyLayer(upper, rfs.UpperCopy); err != nil {
+			return f, fmt.Errorf("fork %s: copy writable layer: %w", id, err)
+		}
 	}
 	fspec, err := forkSpec(spec, parentID, id, family)
 	if err != nil {

@@ -2,8 +2,10 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -51,4 +53,43 @@ func copyLayer(dst, src string) error {
 		return err
 	}
 	return fs.CopyDir(dst, src)
+}
+
+// gcRootLabel keeps a frozen layer from containerd's garbage collector while a
+// kept snapshot may still restore forks on it.
+const gcRootLabel = "containerd.io/gc.root"
+
+// rootfsSource is where a snapshot's forks get the parent's writable layer,
+// recorded as rootfs.json in the snapshot directory.
+type rootfsSource struct {
+	// Frozen is a frozen layer in LazyFork's snapshotter; forks stack a
+	// fresh upper on it (O(1) per fork).
+	Frozen string `json:"frozen,omitempty"`
+	// UpperCopy is a copy of the parent's upper directory (any overlay-style
+	// snapshotter), copied again into each fork.
+	UpperCopy string `json:"upperCopy,omitempty"`
+}
+
+func writeRootfsSource(snapDir string, r *rootfsSource) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(snapDir, ".rootfs.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(snapDir, "rootfs.json"))
+}
+
+func readRootfsSource(snapDir string) (*rootfsSource, error) {
+	b, err := os.ReadFile(filepath.Join(snapDir, "rootfs.json"))
+	if err != nil {
+		return nil, fmt.Errorf("rootfs of the snapshot: %w", errdefs.ErrNotFound)
+	}
+	var r rootfsSource
+	if err := json.Unmarshal(b, &r); err != nil || r.Frozen == "" && r.UpperCopy == "" {
+		return nil, fmt.Errorf("rootfs of the snapshot: %w", errdefs.ErrDataLoss)
+	}
+	return &r, nil
 }

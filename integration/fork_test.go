@@ -22,7 +22,9 @@ import (
 
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/memfile"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
 const counterPy = "/opt/lazyfork/workloads/counter.py"
@@ -745,5 +747,118 @@ func TestForkOOM(t *testing.T) {
 		case err := <-errs:
 			t.Fatalf("no OOM event for the fork: %v", err)
 		}
+	}
+}
+
+// startSnapshotter runs lazyfork-snapshotter for a test; call it before
+// startLF so that it outlives containerd's teardown.
+func startSnapshotter(t *testing.T, bin string) (root, address string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "lfsn-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, address = filepath.Join(dir, "root"), filepath.Join(dir, "sn.sock")
+	logPath := filepath.Join(dir, "snapshotter.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), "--root", root, "--address", address)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logf.Close()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("lazyfork-snapshotter log:\n%s", b)
+		}
+		if mounts, _ := harness.MountsUnder(dir); len(mounts) > 0 {
+			for _, m := range mounts {
+				_ = syscall.Unmount(m, syscall.MNT_DETACH)
+			}
+		}
+		os.RemoveAll(dir)
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := snapclient.Dial(context.Background(), snapclient.TTRPCAddress(address)); err == nil {
+			c.Close()
+			return root, address
+		}
+		select {
+		case <-done:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("lazyfork-snapshotter exited:\n%s", b)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lazyfork-snapshotter does not answer")
+		}
+	}
+}
+
+// TestForkOnFrozenLayer: a parent on LazyFork's snapshotter; its forks stack a
+// fresh upper on one frozen layer of its writable layer (no copy per fork), see
+// the parent's files, continue its count, and keep their own writes.
+func TestForkOnFrozenLayer(t *testing.T) {
+	testutil.RequiresRoot(t)
+	bin := lfBin(t)
+	snRoot, snAddr := startSnapshotter(t, bin)
+	t.Setenv("LAZYFORK_BIN", bin)
+	e := startLF(t, harness.Options{ProxyPlugins: []harness.ProxyPlugin{{
+		Name: snapclient.SnapshotterName, Type: "snapshot", Address: snAddr, ExportsRoot: snRoot,
+	}}})
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python", harness.WithSnapshotter(snapclient.SnapshotterName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "fz-" + lfRandom(4)
+	ctr, err := e.NewContainer(ctx, id, harness.ContainerConfig{
+		Image: img, Runtime: lfRuntime, Snapshotter: snapclient.SnapshotterName,
+		Args: []string{"sh", "-c", "echo from-parent > /marker && exec python3 " + counterPy + " 32 --interval 0.05"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := e.StartTask(ctx, ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := &counter{e: e, id: id, task: task}
+	parent.waitLine(t, ctx, 0, "tick 3")
+	res, err := e.lfClient().Fork(ctx, id, 3, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("paused %v (freeze commit %v), 3 restores %v", res.Paused, res.CopyUpper, res.Restore)
+	sn := e.Client().SnapshotService(snapclient.SnapshotterName)
+	for _, f := range e.forks(res) {
+		checkContinues(t, ctx, parent, f)
+		info, err := sn.Stat(ctx, f.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(info.Parent, "lazyfork-frozen-") {
+			t.Errorf("fork %s rootfs stacks on %q, not on a frozen layer", f.id, info.Parent)
+		}
+		if out, _, err := e.execOut(ctx, f.task, "sh", "-c", "cat /marker; echo mine > /mine"); err != nil || strings.TrimSpace(out) != "from-parent" {
+			t.Errorf("fork %s sees %q (%v), want the parent's file", f.id, out, err)
+		}
+	}
+	if out, _, err := e.execOut(ctx, task, "sh", "-c", "cat /mine 2>&1 || true"); err != nil || strings.Contains(out, "mine") && !strings.Contains(out, "No such") {
+		t.Errorf("a fork's write reached the parent: %q %v", out, err)
 	}
 }

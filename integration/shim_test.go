@@ -40,7 +40,7 @@ type lfEnv struct {
 func lfBin(t testing.TB) string {
 	t.Helper()
 	if d := os.Getenv("LAZYFORK_BIN"); d != "" {
-		if _, err := os.Stat(filepath.Join(d, "containerd-shim-lazyfork-v1")); err == nil {
+		if _, err := os.Stat(filepath.Join(d, "lazyfork-snapshotter")); err == nil {
 			return d
 		}
 	}
@@ -49,7 +49,7 @@ func lfBin(t testing.TB) string {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-lazyfork-v1", "./cmd/lazyfork")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-lazyfork-v1", "./cmd/lazyfork", "./cmd/lazyfork-snapshotter")
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build LazyFork binaries: %v\n%s", err, out)
