@@ -52,6 +52,11 @@ type RewriteOptions struct {
 	// edit that must be atomic with the rewrite (e.g. madvguard.Apply). An
 	// error aborts the rewrite and leaves imageDir unchanged.
 	Stage func(ctx context.Context, stagingDir string) error
+	// FileRoot is the host directory the dump's file paths are relative to
+	// (the container's rootfs; "/" for plain processes on the host). When
+	// set, dirty private file mappings (a program's .data) can be converted
+	// too: their clean pages are read from the file under FileRoot.
+	FileRoot string
 }
 
 // Result describes a rewrite.

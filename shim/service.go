@@ -388,6 +388,10 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(err)
 	}
 	ropts := memfile.RewriteOptions{Family: st.Family, MapDir: memfile.MountPath}
+	if resp, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil {
+		// runc's shim mounts the container's rootfs at bundle/rootfs.
+		ropts.FileRoot = filepath.Join(resp.Bundle, "rootfs")
+	}
 	if opts.GetImagePath() == "" {
 		// containerd checkpoints into a temporary directory and exports it to
 		// its content store (ctr and nerdctl without an image path, CRI): that
