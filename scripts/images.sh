@@ -8,20 +8,26 @@
 #                                      layer holds integration/workloads/*.py at
 #                                      /opt/lazyfork/workloads/, so editing a workload
 #                                      re-packs only that layer.
+#   registry.k8s.io/pause:3.10.2       CRI's sandbox image (containerd's default
+#                                      pinned_images.sandbox), which cannot be pulled
+#                                      here: a static C program (gcc -static) that
+#                                      sleeps, reaps orphans and exits on SIGINT/SIGTERM.
 #
-# Usage: scripts/images.sh [--print-path] [busybox|python|all]...   (default: all)
+# Usage: scripts/images.sh [--print-path] [busybox|python|pause|all]...   (default: all)
 #
 # Archives go to ${LAZYFORK_CACHE:-/var/cache/lazyfork}/images/<name>.tar. Each one is
 # rebuilt only when its recipe (*_RECIPE below, the workloads) changed; a cached re-run
 # takes a fraction of a second. Every step prints its time on stderr; --print-path
 # prints the archive paths on stdout. Concurrent runs serialise on a lock file.
 # Needs root (debootstrap), apt access to a Debian mirror, and: apt-get, dpkg,
-# debootstrap, tar, gzip, sha256sum, flock.
+# debootstrap, tar, gzip, sha256sum, flock; for pause: gcc and a static libc (libc6-dev).
 set -euo pipefail
 
 # Bump a recipe number when its recipe below changes: forces a rebuild of that image.
 BUSYBOX_RECIPE=2
 PYTHON_RECIPE=1
+PAUSE_RECIPE=1
+PAUSE_REF=registry.k8s.io/pause:3.10.2
 CACHE=${LAZYFORK_CACHE:-/var/cache/lazyfork}
 IMAGES=$CACHE/images
 MIRROR=${LAZYFORK_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -34,19 +40,19 @@ names=()
 for a in "$@"; do
 	case $a in
 	--print-path) print_path=1 ;;
-	busybox | python) names+=("$a") ;;
-	all) names+=(busybox python) ;;
+	busybox | python | pause) names+=("$a") ;;
+	all) names+=(busybox python pause) ;;
 	-h | --help)
-		sed -n '2,19p' "$0"
+		sed -n '2,23p' "$0"
 		exit 0
 		;;
 	*)
-		echo "images.sh: unknown argument '$a' (want busybox, python, all or --print-path)" >&2
+		echo "images.sh: unknown argument '$a' (want busybox, python, pause, all or --print-path)" >&2
 		exit 2
 		;;
 	esac
 done
-[ ${#names[@]} -gt 0 ] || names=(busybox python)
+[ ${#names[@]} -gt 0 ] || names=(busybox python pause)
 
 die() { # the EXIT trap then names the step that failed
 	echo "images.sh: $*" >&2
@@ -144,8 +150,8 @@ pack() {
 	mdig=$(sha "$man")
 	msz=$(size "$man")
 	mv "$man" "$oci/blobs/sha256/$mdig"
-	printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"%s","os":"linux"},"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"latest"}}]}' \
-		"$mdig" "$msz" "$ARCH" "$ref" >"$oci/index.json"
+	printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"%s","os":"linux"},"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
+		"$mdig" "$msz" "$ARCH" "$ref" "${ref##*:}" >"$oci/index.json"
 	printf '{"imageLayoutVersion":"1.0.0"}' >"$oci/oci-layout"
 	tar -C "$oci" --numeric-owner -cf "$IMAGES/$name.tar.tmp" oci-layout index.json blobs || die "tar archive"
 	mv "$IMAGES/$name.tar.tmp" "$IMAGES/$name.tar"
@@ -233,6 +239,48 @@ build_python() {
 	step "python: pack"
 	pack python localhost/lazyfork/python:latest '["python3"]' "$base $(cat "$base.info")" "$w2/wl.tgz $info2"
 	stamp python "$key"
+}
+
+# The pause program: PID 1 of a pod sandbox. It must reap (a pod sharing its PID
+# namespace hands it every orphan) and exit 0 on SIGINT/SIGTERM.
+PAUSE_C='#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void bye(int s) { (void)s; _exit(0); }
+static void reap(int s) { (void)s; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+	struct sigaction a = {0};
+	a.sa_handler = bye;
+	sigaction(SIGINT, &a, 0);
+	sigaction(SIGTERM, &a, 0);
+	a.sa_handler = reap;
+	a.sa_flags = SA_NOCLDSTOP | SA_RESTART;
+	sigaction(SIGCHLD, &a, 0);
+	for (;;) pause();
+}'
+
+build_pause() {
+	local key
+	key="recipe=$PAUSE_RECIPE arch=$ARCH src=$(printf '%s' "$PAUSE_C" | sha256sum | cut -d' ' -f1)"
+	step "pause: check cache"
+	if fresh pause "$key"; then
+		step "pause: cached"
+		return
+	fi
+	command -v gcc >/dev/null || die "pause needs gcc (apt-get install gcc libc6-dev)"
+	tmpdir pause
+	local w=$TMPD r=$TMPD/rootfs
+	step "pause: gcc -static"
+	mkdir -p "$r"
+	printf '%s\n' "$PAUSE_C" >"$w/pause.c"
+	gcc -static -Os -s -o "$r/pause" "$w/pause.c" || die "gcc -static pause.c (static libc: libc6-dev)"
+	touch -d @0 "$r" "$r/pause"
+	step "pause: layer"
+	local info
+	info=$(layer "$r" "$w/layer.tgz")
+	step "pause: pack"
+	pack pause "$PAUSE_REF" '["/pause"]' "$w/layer.tgz $info"
+	stamp pause "$key"
 }
 
 for n in "${names[@]}"; do
