@@ -20,4 +20,5 @@ import (
 	_ "github.com/containerd/ttrpc"
 	_ "go.etcd.io/bbolt"
 	_ "golang.org/x/sys/unix"
+	_ "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
