@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
@@ -23,9 +24,13 @@ const RuntimeName = "io.containerd.lazyfork.v1"
 
 // Labels LazyFork puts on the containers it makes.
 const (
-	LabelParent   = "lazyfork.io/parent"   // id of the container forked
-	LabelFamily   = "lazyfork.io/family"   // family: the root container and its forks
-	LabelSnapshot = "lazyfork.io/snapshot" // LazyFork snapshot the task was restored from
+	LabelParent    = "lazyfork.io/parent"     // id of the container forked
+	LabelFamily    = "lazyfork.io/family"     // family: the root container and its forks
+	LabelSnapshot  = "lazyfork.io/snapshot"   // LazyFork snapshot the task was restored from
+	LabelName      = "lazyfork.io/name"       // the user's name for the container
+	LabelStopped   = "lazyfork.io/stopped"    // snapshot kept by Stop (image directory)
+	LabelRestoreNS = "lazyfork.io/restore-ns" // a fork's task create → running, in ns
+	LabelLog       = "lazyfork.io/log"        // file the task's stdout and stderr go to
 )
 
 // AnnotationFamily in a fork's spec tells the shim which family (and so which
@@ -37,8 +42,10 @@ const DefaultRoot = "/run/lazyfork"
 
 // Client forks containers through a containerd client.
 type Client struct {
-	cd   *containerd.Client
-	root string
+	cd          *containerd.Client
+	root        string
+	hookTimeout time.Duration
+	owned       bool // Connect made cd; Close closes it
 }
 
 // Opt configures a Client.
@@ -47,6 +54,10 @@ type Opt func(*Client)
 // WithRoot sets LazyFork's root (the shim's LAZYFORK_ROOT): memory files live in
 // ROOT/mem, snapshots in ROOT/snapshots.
 func WithRoot(dir string) Opt { return func(c *Client) { c.root = dir } }
+
+// WithHookTimeout bounds the wait for a container's hook to answer
+// (default hook.DefaultTimeout).
+func WithHookTimeout(d time.Duration) Opt { return func(c *Client) { c.hookTimeout = d } }
 
 // New returns a LazyFork client on top of a containerd client; the caller keeps
 // ownership of cd (and its namespace in the contexts it passes).

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 
+	"github.com/lazyfork/lazyfork/hook"
 	"github.com/lazyfork/lazyfork/memfile"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
@@ -87,13 +89,18 @@ func (r *Result) IDs() []string {
 // Fork makes n running copies of container parentID (whose task must run under
 // io.containerd.lazyfork.v1). On error the parent keeps running, unpaused, and
 // nothing Fork made is left.
-func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkOpt) (_ *Result, retErr error) {
+func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkOpt) (*Result, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("fork %s: n = %d: %w", parentID, n, errdefs.ErrInvalidArgument)
+	}
+	return c.fork(ctx, parentID, n, opts...)
+}
+
+// fork is Fork; n = 0 takes the snapshot only (Checkpoint).
+func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkOpt) (_ *Result, retErr error) {
 	var cfg forkConfig
 	for _, o := range opts {
 		o(&cfg)
-	}
-	if n < 1 {
-		return nil, fmt.Errorf("fork %s: n = %d: %w", parentID, n, errdefs.ErrInvalidArgument)
 	}
 	if cfg.ids != nil && len(cfg.ids) != n {
 		return nil, fmt.Errorf("fork %s: %d ids for %d forks: %w", parentID, len(cfg.ids), n, errdefs.ErrInvalidArgument)
@@ -126,15 +133,32 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: spec: %w", parentID, err)
 	}
 	task, err := parent.Task(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("fork %s: task: %w", parentID, err)
+	var st containerd.Status
+	if err == nil {
+		st, err = task.Status(ctx)
 	}
-	st, err := task.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("fork %s: task status: %w", parentID, err)
-	}
-	if st.Status != containerd.Running && st.Status != containerd.Paused {
-		return nil, fmt.Errorf("fork %s: task is %s: %w", parentID, st.Status, errdefs.ErrFailedPrecondition)
+	if err != nil || st.Status != containerd.Running && st.Status != containerd.Paused {
+		// A stopped container forks from the snapshot Stop kept.
+		if snap := info.Labels[LabelStopped]; snap != "" && n > 0 {
+			forks, err := c.RestoreForks(ctx, parentID, snap, n, opts...)
+			if err != nil {
+				return nil, err
+			}
+			var took time.Duration
+			for _, f := range forks {
+				took = max(took, f.Restore)
+			}
+			return &Result{Parent: parentID, Family: info.Labels[LabelFamily], Snapshot: snap, Forks: forks, Restore: took}, nil
+		}
+		if err != nil && !errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("fork %s: task: %w", parentID, err)
+		}
+		state := "no task"
+		if err == nil {
+			state = "task " + string(st.Status)
+		}
+		return nil, fmt.Errorf("fork %s: cannot be forked: %s and no snapshot (it was not stopped with lazyfork stop): %w",
+			parentID, state, errdefs.ErrFailedPrecondition)
 	}
 
 	if err := os.MkdirAll(c.snapshotsDir(), 0o700); err != nil {
@@ -174,6 +198,9 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
+	if n == 0 {
+		return res, nil
+	}
 	forks, restore, err := c.restoreForks(ctx, parentID, info, spec, res.Family, imageDir, rfs, n, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
@@ -291,6 +318,11 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 			}
 		}()
 	}
+	if dir := info.Labels[hook.Label]; dir != "" && !wasPaused {
+		if err := hook.Quiesce(ctx, hook.HostSocket(dir, parent.ID()), c.hookTimeout); err != nil {
+			return fmt.Errorf("quiesce: %w", err)
+		}
+	}
 	t0 := time.Now()
 	if !wasPaused {
 		if err := task.Pause(ctx); err != nil {
@@ -388,6 +420,20 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		LabelFamily:   family,
 		LabelSnapshot: imageDir,
 	}
+	hookDir := info.Labels[hook.Label]
+	if hookDir != "" {
+		// The fork's copy of the listening socket binds in its own directory.
+		if err := os.MkdirAll(filepath.Join(hookDir, id), 0o755); err != nil {
+			return f, fmt.Errorf("fork %s: hook dir: %w", id, err)
+		}
+		for i, m := range fspec.Mounts {
+			if m.Destination == hook.ContainerDir {
+				fspec.Mounts[i].Source = filepath.Join(hookDir, id)
+			}
+		}
+		labels[hook.Label] = hookDir
+	}
+
 	for k, v := range cfg.labels {
 		labels[k] = v
 	}
@@ -417,6 +463,14 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		return f, fmt.Errorf("fork %s: restore: %w", id, err)
 	}
 	f.Restore = time.Since(t0)
+	if hookDir != "" {
+		if err := hook.Reseed(ctx, hook.HostSocket(hookDir, id), id, c.hookTimeout); err != nil {
+			return f, fmt.Errorf("fork %s: %w", id, err)
+		}
+	}
+	if _, err := ctr.SetLabels(ctx, map[string]string{LabelRestoreNS: strconv.FormatInt(f.Restore.Nanoseconds(), 10)}); err != nil {
+		log.G(ctx).WithError(err).WithField("id", id).Warn("lazyfork: record restore time")
+	}
 	return f, nil
 }
 

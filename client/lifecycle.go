@@ -1,0 +1,153 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/lazyfork/lazyfork/hook"
+)
+
+// Checkpoint takes a LazyFork snapshot of a running container and keeps it
+// (Result.Snapshot); the container keeps running. RestoreForks restores forks
+// from it, RemoveSnapshot deletes it.
+func (c *Client) Checkpoint(ctx context.Context, id string) (*Result, error) {
+	return c.fork(ctx, id, 0, KeepSnapshot())
+}
+
+// Stop snapshots a running container, then ends its task: the container holds
+// no process memory and stays forkable from the snapshot (Fork restores from
+// it). It returns the snapshot's image directory.
+func (c *Client) Stop(ctx context.Context, id string) (string, error) {
+	ctr, err := c.cd.LoadContainer(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("stop %s: %w", id, err)
+	}
+	labels, err := ctr.Labels(ctx)
+	if err != nil {
+		return "", err
+	}
+	if labels[LabelStopped] != "" {
+		return "", fmt.Errorf("stop %s: already stopped: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	res, err := c.Checkpoint(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("stop %s: %w", id, err)
+	}
+	if _, err := ctr.SetLabels(ctx, map[string]string{LabelStopped: res.Snapshot}); err != nil {
+		_ = c.RemoveSnapshot(context.WithoutCancel(ctx), res.Snapshot)
+		return "", fmt.Errorf("stop %s: record snapshot: %w", id, err)
+	}
+	if err := deleteTask(ctx, ctr); err != nil {
+		return res.Snapshot, fmt.Errorf("stop %s: end task: %w", id, err)
+	}
+	return res.Snapshot, nil
+}
+
+// deleteTask kills a container's task (SIGKILL: a restored init ignores
+// SIGTERM) and deletes it; no task is fine.
+func deleteTask(ctx context.Context, ctr containerd.Container) error {
+	task, err := ctr.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st, err := task.Status(ctx); err == nil && st.Status == containerd.Paused {
+		_ = task.Resume(ctx)
+	}
+	_, err = task.Delete(ctx, containerd.WithProcessKill)
+	if err != nil && !errdefs.IsNotFound(err) {
+		_ = task.Kill(ctx, syscall.SIGKILL)
+		_, err = task.Delete(ctx, containerd.WithProcessKill)
+	}
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// Delete ends a container's task, removes the snapshot Stop kept, its hook
+// directory and the container with its rootfs. Its forks keep running: they
+// hold their own references on the family's memory files.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	ctr, err := c.cd.LoadContainer(ctx, id)
+	if err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	labels, err := ctr.Labels(ctx)
+	if err != nil {
+		return err
+	}
+	if err := deleteTask(ctx, ctr); err != nil {
+		return fmt.Errorf("delete %s: task: %w", id, err)
+	}
+	var errs []error
+	if snap := labels[LabelStopped]; snap != "" {
+		if err := c.RemoveSnapshot(ctx, snap); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		errs = append(errs, err)
+	}
+	if dir := labels[hook.Label]; dir != "" {
+		if err := os.RemoveAll(filepath.Join(dir, id)); err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: remove hook dir")
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	return nil
+}
+
+// Resolve finds the container a user means: an exact id, then a name
+// (LabelName), then a unique id prefix.
+func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
+	if ref == "" {
+		return "", fmt.Errorf("empty container name: %w", errdefs.ErrInvalidArgument)
+	}
+	ctrs, err := c.cd.Containers(ctx)
+	if err != nil {
+		return "", err
+	}
+	var byName, byPrefix []string
+	for _, ctr := range ctrs {
+		if ctr.ID() == ref {
+			return ref, nil
+		}
+		info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
+		if err != nil {
+			continue
+		}
+		if info.Labels[LabelName] == ref {
+			byName = append(byName, ctr.ID())
+		}
+		if strings.HasPrefix(ctr.ID(), ref) {
+			byPrefix = append(byPrefix, ctr.ID())
+		}
+	}
+	for _, m := range [][]string{byName, byPrefix} {
+		switch len(m) {
+		case 0:
+			continue
+		case 1:
+			return m[0], nil
+		default:
+			sort.Strings(m)
+			return "", fmt.Errorf("%q is ambiguous: it matches %s: %w", ref, strings.Join(m, ", "), errdefs.ErrInvalidArgument)
+		}
+	}
+	return "", fmt.Errorf("no container named %q (no id, name or id prefix matches): %w", ref, errdefs.ErrNotFound)
+}
