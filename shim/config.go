@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
 // RuntimeName is the containerd runtime type served by this shim.
@@ -25,6 +27,13 @@ const (
 	AnnotationRuncGroup = "io.containerd.runc.v2.group"
 	// AnnotationCRISandbox groups the containers of a CRI pod; it wins over the family.
 	AnnotationCRISandbox = "io.kubernetes.cri.sandbox-id"
+	// AnnotationMadvise chooses the madvise guard of a container's checkpoints:
+	// "refuse" (default), "zero" or "off" (see memfile/madvguard).
+	AnnotationMadvise = "lazyfork.io/madvise"
+	// AnnotationForkOf in a container's spec names a LazyFork snapshot
+	// directory (or a checkpoint archive containerd wrote) the container is
+	// restored from instead of started fresh: a fork as a Kubernetes pod.
+	AnnotationForkOf = "lazyfork.io/fork-of"
 )
 
 // DefaultRoot is where LazyFork mounts its tmpfs.
@@ -43,14 +52,24 @@ type Config struct {
 	// ("" = runc's choice, 4). CRIU restores inside the fork's memory cgroup,
 	// so its log is page cache charged to every fork.
 	CRIUVerbosity string
+	// Madvise is the default madvise guard mode of checkpoints: "refuse",
+	// "zero" or "off"; a container's lazyfork.io/madvise annotation wins.
+	Madvise string
 }
 
 // MemRoot is the root of the family memory store.
 func (c Config) MemRoot() string { return filepath.Join(c.Root, "mem") }
 
-// ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE and LAZYFORK_OVERCOMMIT.
+// ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE, LAZYFORK_OVERCOMMIT,
+// LAZYFORK_CRIU_VERBOSITY and LAZYFORK_MADVISE.
 func ConfigFromEnv() (Config, error) {
-	c := Config{Root: DefaultRoot, Overcommit: "2", CRIUVerbosity: "1"}
+	c := Config{Root: DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse"}
+	if v := os.Getenv("LAZYFORK_MADVISE"); v != "" {
+		if _, _, err := parseMadvise(v); err != nil {
+			return c, fmt.Errorf("LAZYFORK_MADVISE: %w", err)
+		}
+		c.Madvise = v
+	}
 	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
 		if !filepath.IsAbs(v) {
 			return c, fmt.Errorf("LAZYFORK_ROOT %q must be absolute: %w", v, errdefs.ErrInvalidArgument)
@@ -103,4 +122,19 @@ func halfOfRAM() int64 {
 		}
 	}
 	return 1 << 30
+}
+
+// parseMadvise reads a madvise guard mode: refuse, zero, or off (guard=false).
+func parseMadvise(v string) (mode madvguard.Mode, guard bool, err error) {
+	if v == "off" {
+		return madvguard.Refuse, false, nil
+	}
+	if v == "" {
+		return madvguard.Refuse, true, nil
+	}
+	mode, err = madvguard.ParseMode(v)
+	if err != nil {
+		return 0, false, fmt.Errorf("madvise mode %q (want refuse, zero or off): %w", v, errdefs.ErrInvalidArgument)
+	}
+	return mode, true, nil
 }

@@ -22,6 +22,9 @@
 //   - Create with a LazyFork snapshot as checkpoint takes a reference on the
 //     snapshot's memory files for the container (dropped on delete) and lets
 //     runc restore it at Start, mapping the files MAP_PRIVATE.
+//   - A container annotated lazyfork.io/fork-of (a Kubernetes pod's container,
+//     through CRI) is created from the named LazyFork snapshot, or from a
+//     checkpoint archive containerd wrote, unpacked under ROOT/snapshots.
 //   - One shim process serves a whole family: the manager groups containers by
 //     the lazyfork.io/family annotation the way runc groups a pod.
 //
@@ -36,6 +39,19 @@
 //	                     or "runc" for runc's own (4); passed as runc's org.criu.config
 //	                     annotation unless the container sets one. CRIU restores inside the
 //	                     fork's memory cgroup: a debug log is page cache charged to every fork.
+//	LAZYFORK_MADVISE     madvise guard of checkpoints: "refuse" (default), "zero" or "off";
+//	                     a container's lazyfork.io/madvise annotation wins.
+//
+// # The madvise guard
+//
+// Every checkpoint carries, unless turned off, the seccomp guard of
+// memfile/madvguard on the memory-file ranges that hold data: in a restored
+// copy, madvise(MADV_DONTNEED/MADV_FREE) there would bring back the file's
+// bytes instead of zeros, and jemalloc and the Go runtime count on zeros. It
+// is applied to the staged image inside the rewrite (RewriteOptions.Stage), so
+// a snapshot appears with its guard or not at all; the parent is untouched.
+// "zero" installs the trace form; with no supervisor attached its calls fail
+// with ENOSYS, which allocators treat like a refusal.
 //
 // # Memory accounting
 //

@@ -27,6 +27,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
 // Service is LazyFork's task service: runc's, with checkpoint rewritten into
@@ -165,6 +166,10 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			return nil, fmt.Errorf("read LazyFork snapshot %s: %w", r.Checkpoint, err)
 		}
 	}
+	madvise := spec.Annotations[AnnotationMadvise]
+	if _, _, err := parseMadvise(madvise); err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", AnnotationMadvise, err)
+	}
 	family := r.ID
 	if f := spec.Annotations[AnnotationFamily]; f != "" {
 		family = f
@@ -216,6 +221,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			Namespace: ns,
 			ID:        r.ID,
 			Family:    family,
+			Madvise:   madvise,
 		},
 	}
 	if spec.Linux != nil {
@@ -399,6 +405,28 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		// snapshots' files until it is deleted.
 		ropts.Holder = exportHolder(st.Namespace, st.ID)
 	}
+	mode, guard, err := parseMadvise(st.Madvise)
+	if st.Madvise == "" {
+		mode, guard, err = parseMadvise(s.cfg.Madvise)
+	}
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	if guard {
+		famDir, err := store.FamilyDir(st.Family)
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		// The guard goes into the staged image, so the snapshot appears with
+		// it or not at all; only restored copies carry it.
+		ropts.Stage = func(_ context.Context, staging string) error {
+			rs, err := madvguard.DataRanges(staging, memfile.MountPath, famDir)
+			if err != nil {
+				return fmt.Errorf("madvise guard ranges: %w", err)
+			}
+			return madvguard.ApplyMode(staging, rs, mode)
+		}
+	}
 	res, err := store.Rewrite(ctx, r.Path, ropts)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("lazyfork: rewrite checkpoint %s of %s into family %s (the directory keeps runc's plain image): %w", r.Path, r.ID, st.Family, err))
@@ -409,7 +437,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	log.G(ctx).WithFields(log.Fields{
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
-		"duration": res.Duration,
+		"duration": res.Duration, "madvise_guard": guardName(guard, mode),
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
 }
@@ -490,4 +518,11 @@ func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 		return nil, errgrpc.ToGRPC(err)
 	}
 	return &taskAPI.StatsResponse{Stats: typeurl.MarshalProto(data)}, nil
+}
+
+func guardName(guard bool, mode madvguard.Mode) string {
+	if !guard {
+		return "off"
+	}
+	return mode.String()
 }

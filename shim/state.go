@@ -24,6 +24,9 @@ type containerState struct {
 	// CgroupsPath is the spec's linux.cgroupsPath, removed on delete if a
 	// failed restore left it behind.
 	CgroupsPath string `json:"cgroupsPath,omitempty"`
+	// Madvise is the container's lazyfork.io/madvise annotation ("" = the
+	// shim's default): the guard its checkpoints carry.
+	Madvise string `json:"madvise,omitempty"`
 }
 
 func writeState(bundle string, st *containerState) error {
