@@ -97,9 +97,10 @@ func appendRun(runs []run, r run) []run {
 type vmaKind int
 
 const (
-	vmaKeep   vmaKind = iota // stays as it is, its pages stay in the image
-	vmaAnon                  // private anonymous with pages: moves into a memory file
-	vmaFamily                // private mapping of a family file: its pages are a delta
+	vmaKeep     vmaKind = iota // stays as it is, its pages stay in the image
+	vmaAnon                    // private anonymous with pages: moves into a memory file
+	vmaFamily                  // private mapping of a family file: its pages are a delta
+	vmaFileData                // dirty private writable mapping of a program's file (.data): moves into a memory file
 )
 
 // vmaPlan is what happens to one VMA.
@@ -108,7 +109,9 @@ type vmaPlan struct {
 	kind    vmaKind
 	overlay []run // the VMA's pages in the image, clipped to it
 
-	// base of a vmaFamily VMA: the family file it maps and the offset of its start.
+	// base of a vmaFamily or vmaFileData VMA: the file it maps and the
+	// offset of its start (baseName is a family file's name, or the path
+	// under FileRoot prefixed with fileBasePrefix).
 	baseName string
 	base     *os.File
 	baseOff  int64
@@ -120,6 +123,9 @@ type vmaPlan struct {
 	regOff int64 // byte offset of the VMA's start in the memory file
 	kept   []run // pages that stay in the image (differences from the shared region)
 }
+
+// hasBase reports whether the VMA's untouched pages come from a file.
+func (p *vmaPlan) hasBase() bool { return p.kind == vmaFamily || p.kind == vmaFileData }
 
 func (p *vmaPlan) pages() uint64 { return (p.e.GetEnd() - p.e.GetStart()) / pageSize }
 
@@ -159,6 +165,24 @@ func convertible(v *vma.VmaEntry) bool {
 		return false
 	}
 	return true
+}
+
+// fileDataCandidate reports whether a VMA is a private file mapping of the
+// kind whose dirty pages can move into a memory file: a program's or
+// library's .data (writable, not executable, a plain regular mapping).
+// Whether its file may be read is checked separately (checkFileBase).
+func fileDataCandidate(v *vma.VmaEntry) bool {
+	st, fl, prot := v.GetStatus(), v.GetFlags(), v.GetProt()
+	if st&vmaAreaRegular == 0 || st&vmaFilePrivate == 0 || st&(vmaSpecial|vmaAnonPrivate|vmaAnonShared|vmaFileShared) != 0 {
+		return false
+	}
+	if fl&(unix.MAP_GROWSDOWN|unix.MAP_HUGETLB|unix.MAP_ANONYMOUS|unix.MAP_SHARED) != 0 || fl&unix.MAP_PRIVATE == 0 {
+		return false
+	}
+	if prot&unix.PROT_WRITE == 0 || prot&unix.PROT_EXEC != 0 {
+		return false
+	}
+	return v.GetMadv()&(1<<unix.MADV_WIPEONFORK) == 0
 }
 
 // pageRuns turns a task's pagemap into runs over its pages image. Pages held

@@ -154,6 +154,7 @@ type rewriter struct {
 	opened   map[string]*os.File // family files opened for reading
 	maps     map[*os.File][]byte // read-only mappings of pages images (see mapped)
 	mntID    *int32
+	fc       *fileCheck // checks of files under FileRoot (nil without FileRoot)
 
 	rebase  bool
 	regions []*region
@@ -188,6 +189,7 @@ func (rw *rewriter) close() {
 	if rw.mem != nil {
 		rw.mem.Close()
 	}
+	rw.fc.close()
 }
 
 // abort undoes whatever a failed rewrite made; imageDir was never touched.
@@ -244,6 +246,11 @@ func (rw *rewriter) load() error {
 	if err := rw.findMountID(); err != nil {
 		return err
 	}
+	if rw.opts.FileRoot != "" {
+		if err := rw.initFileCheck(); err != nil {
+			return err
+		}
+	}
 	for _, pe := range tree {
 		pid := pe.GetPid()
 		t := &task{pid: pid, ppid: pe.GetPpid()}
@@ -290,8 +297,38 @@ func (rw *rewriter) load() error {
 		if err := clip(pid, t.vmas, runs); err != nil {
 			return err
 		}
+		if rw.fc != nil {
+			rw.planFileData(t)
+		}
 	}
 	return nil
+}
+
+// planFileData marks the .data VMAs of t that can move into a memory file:
+// those with dumped (dirty) pages whose file checks out. A clean one stays
+// a mapping of its file: converting it would cost a slot and gain nothing.
+func (rw *rewriter) planFileData(t *task) {
+	for _, p := range t.vmas {
+		if p.kind != vmaKeep || len(p.overlay) == 0 || !fileDataCandidate(p.e) {
+			continue
+		}
+		b := rw.fc.base(uint32(p.e.GetShmid()))
+		reason := b.reason
+		// A page past the end of the file raises SIGBUS in the original;
+		// the slot would read zeros there.
+		if reason == "" && int64(p.e.GetPgoff())+int64(p.pages()*pageSize) > (b.size+pageSize-1)/pageSize*pageSize {
+			reason = "VMA reaches past the end of the file"
+		}
+		if reason != "" {
+			log.L.WithField("pid", t.pid).WithField("file", b.path).WithField("vma", fmt.Sprintf("%#x", p.e.GetStart())).
+				Debugf("memfile: .data mapping stays a file mapping: %s", reason)
+			continue
+		}
+		p.kind = vmaFileData
+		p.baseName = fileBasePrefix + b.path
+		p.base = b.f
+		p.baseOff = int64(p.e.GetPgoff())
+	}
 }
 
 func (rw *rewriter) openFamilyFile(name string) (*os.File, error) {
@@ -369,6 +406,8 @@ func (rw *rewriter) plan() error {
 			switch p.kind {
 			case vmaAnon:
 				p.convert = len(p.overlay) > 0
+			case vmaFileData:
+				p.convert = true
 			case vmaFamily:
 				p.convert = rw.rebase
 			}
@@ -430,7 +469,7 @@ func (rw *rewriter) writeMemory(ctx context.Context) error {
 			reg := &region{slot: len(rw.regions), off: int64(len(rw.regions)) * SlotSize, regID: regBase + uint32(len(rw.regions)), owner: p}
 			rw.regions = append(rw.regions, reg)
 			p.region, p.regOff = reg, reg.off
-			if p.kind == vmaFamily {
+			if p.hasBase() {
 				if err := rw.cp.copyData(rw.mem, reg.off, p.base, p.baseOff, int64(p.pages()*pageSize)); err != nil {
 					return err
 				}
@@ -444,6 +483,9 @@ func (rw *rewriter) writeMemory(ctx context.Context) error {
 		if err := rw.flush(); err != nil {
 			return err
 		}
+	}
+	if err := rw.fc.recheck(); err != nil {
+		return err
 	}
 	size := int64(len(rw.regions)) * SlotSize
 	if err := f.Truncate(size); err != nil {
@@ -471,7 +513,7 @@ func matchParent(parent *task, p *vmaPlan) *vmaPlan {
 		if pp.kind != p.kind {
 			return nil
 		}
-		if p.kind == vmaFamily && (pp.baseName != p.baseName || pp.baseOff+int64(p.e.GetStart()-pp.e.GetStart()) != p.baseOff) {
+		if p.hasBase() && (pp.baseName != p.baseName || pp.baseOff+int64(p.e.GetStart()-pp.e.GetStart()) != p.baseOff) {
 			return nil
 		}
 		return pp
@@ -653,7 +695,7 @@ func sourceOf(p *vmaPlan, va uint64) run {
 	switch {
 	case found:
 		src = p.overlay[i].slice(va, va+pageSize)
-	case p.kind == vmaFamily:
+	case p.hasBase():
 		src = run{vaddr: va, n: 1, kind: srcFile, f: p.base, off: p.baseOff + int64(va-p.e.GetStart())}
 	default:
 		src = run{vaddr: va, n: 1, kind: srcZero}
@@ -672,7 +714,7 @@ func fillRange(p *vmaPlan, mem *os.File, regOff int64, va uint64, buf []byte) er
 	switch {
 	case mem != nil:
 		over, base, baseOff = nil, mem, regOff+int64(va-p.e.GetStart())
-	case p.kind == vmaFamily:
+	case p.hasBase():
 		base, baseOff = p.base, p.baseOff+int64(va-p.e.GetStart())
 	}
 	if err := readFull(base, baseOff, buf); err != nil {
