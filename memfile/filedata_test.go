@@ -250,3 +250,26 @@ func writeAt(t testing.TB, path string, b []byte, off int64) {
 		t.Fatal(err)
 	}
 }
+
+// TestFileDataTree: a tree (a child and a chain below it) rewritten with
+// FileRoot: every task's dirty .data mappings (libc's, the program's) move
+// into the memory file, children share their parent's slot where their
+// pages agree, and every process of a copy and of a copy of a copy passes
+// its memory check.
+func TestFileDataTree(t *testing.T) {
+	e := newEnv(t)
+	orig := e.startChain(16, 1, 3)
+	dir := e.dump(orig)
+	e.rewriteFiles(dir)
+	if n := imagePagesOf(t, dir, e.bin); n != 0 {
+		t.Errorf("%d pages of %s left in the image", n, e.bin)
+	}
+	c := e.restore(dir)
+	e.verifyTree(c)
+	e.ask(c, syscall.SIGHUP, "dirty")
+	e.verifyTree(c)
+	d := e.dump(c)
+	e.rewriteFiles(d)
+	e.verifyTree(e.restore(d))
+	e.verifyTree(orig)
+}
