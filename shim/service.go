@@ -156,6 +156,25 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
+	var unpacked string
+	if ref := spec.Annotations[AnnotationForkOf]; ref != "" && r.Checkpoint == "" {
+		// A fork as a pod: CRI cannot restore, so the container names its
+		// snapshot in an annotation and runc restores it at Start.
+		dir, tmp, err := resolveForkOf(s.cfg, ns, r.ID, ref)
+		if err != nil {
+			return nil, err
+		}
+		unpacked = tmp
+		defer func() {
+			if retErr != nil && unpacked != "" {
+				_ = os.RemoveAll(unpacked)
+			}
+		}()
+		r.Checkpoint = dir
+		if _, err := memfile.ReadSnapshot(dir); err != nil {
+			return nil, fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
+		}
+	}
 	var snap *memfile.SnapshotInfo
 	if r.Checkpoint != "" {
 		snap, err = memfile.ReadSnapshot(r.Checkpoint)
@@ -222,6 +241,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			ID:        r.ID,
 			Family:    family,
 			Madvise:   madvise,
+			Unpacked:  unpacked,
 		},
 	}
 	if spec.Linux != nil {
@@ -253,6 +273,15 @@ func (s *Service) release(ctx context.Context, c *container) error {
 func releaseContainer(ctx context.Context, cfg Config, st *containerState) error {
 	if st.Snapshot != "" {
 		removeCgroup(ctx, st.CgroupsPath)
+	}
+	if st.Unpacked != "" {
+		// Only ever a directory this shim made under ROOT/snapshots.
+		if filepath.Dir(st.Unpacked) == filepath.Join(cfg.Root, "snapshots") {
+			if err := os.RemoveAll(st.Unpacked); err != nil {
+				log.G(ctx).WithError(err).Warn("lazyfork: remove unpacked checkpoint")
+			}
+		}
+		st.Unpacked = ""
 	}
 	if st.Family == "" {
 		return nil

@@ -27,6 +27,10 @@ type containerState struct {
 	// Madvise is the container's lazyfork.io/madvise annotation ("" = the
 	// shim's default): the guard its checkpoints carry.
 	Madvise string `json:"madvise,omitempty"`
+	// Unpacked is the directory under ROOT/snapshots holding the image
+	// unpacked from a checkpoint archive named by lazyfork.io/fork-of;
+	// removed with the container.
+	Unpacked string `json:"unpacked,omitempty"`
 }
 
 func writeState(bundle string, st *containerState) error {

@@ -1,0 +1,150 @@
+package shim
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/memfile"
+)
+
+// archiveCheckpointDir is where containerd's CRI checkpoint archive keeps the
+// CRIU image (checkpointctl's CheckpointDirectory).
+const archiveCheckpointDir = "checkpoint"
+
+// Limits on an archive's checkpoint entries: the image of a LazyFork snapshot
+// is small (its memory lives in the family's files), so anything far larger
+// is refused rather than filling the tmpfs.
+const (
+	maxArchiveEntries   = 100000
+	maxArchiveEntrySize = 4 << 30
+)
+
+// resolveForkOf turns the value of the lazyfork.io/fork-of annotation into a
+// LazyFork snapshot directory. A directory is used as it is; a regular file is
+// taken for a checkpoint archive written by containerd's CRI (CheckpointContainer)
+// and its checkpoint/ entries are unpacked into a fresh directory under
+// ROOT/snapshots, which the caller owns (unpacked != "") and removes when the
+// container goes. On error nothing is left behind.
+func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr error) {
+	if ref == "" || !filepath.IsAbs(ref) {
+		return "", "", fmt.Errorf("annotation %s=%q: want an absolute path to a LazyFork snapshot directory or a checkpoint archive: %w", AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
+	}
+	fi, err := os.Stat(ref)
+	if err != nil {
+		return "", "", fmt.Errorf("annotation %s: %w: %w", AnnotationForkOf, err, errdefs.ErrNotFound)
+	}
+	switch {
+	case fi.IsDir():
+		if _, err := memfile.ReadSnapshot(ref); err != nil {
+			return "", "", fmt.Errorf("annotation %s: %s is not a LazyFork snapshot: %w", AnnotationForkOf, ref, err)
+		}
+		return ref, "", nil
+	case fi.Mode().IsRegular():
+	default:
+		return "", "", fmt.Errorf("annotation %s: %s is neither a directory nor a file: %w", AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
+	}
+	sum := sha256.Sum256([]byte(ns + "/" + id))
+	base := filepath.Join(cfg.Root, "snapshots")
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return "", "", err
+	}
+	top, err := os.MkdirTemp(base, "pod-"+hex.EncodeToString(sum[:6])+"-")
+	if err != nil {
+		return "", "", err
+	}
+	defer func() {
+		if retErr != nil {
+			_ = os.RemoveAll(top)
+		}
+	}()
+	image := filepath.Join(top, "image")
+	if err := os.Mkdir(image, 0o700); err != nil {
+		return "", "", err
+	}
+	if err := unpackCheckpoint(ref, image); err != nil {
+		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s: %w", AnnotationForkOf, ref, err)
+	}
+	if _, err := memfile.ReadSnapshot(image); err != nil {
+		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s holds no LazyFork snapshot (was it taken under the lazyfork runtime?): %w", AnnotationForkOf, ref, err)
+	}
+	return image, top, nil
+}
+
+// unpackCheckpoint extracts the regular files directly under checkpoint/ of a
+// (possibly gzipped) tar archive into dst. Entries are untrusted: only plain
+// names one level below checkpoint/ are written, each created anew inside dst
+// (O_EXCL, no links followed); everything else in the archive is skipped.
+func unpackCheckpoint(archive, dst string) error {
+	f, err := os.Open(archive)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	var r io.Reader = br
+	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	tr := tar.NewReader(r)
+	n := 0
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
+		dir, file := path.Split(name)
+		if path.Clean(dir) != archiveCheckpointDir || file == "" || file == "." || file == ".." {
+			continue
+		}
+		if h.Typeflag != tar.TypeReg {
+			if h.Typeflag == tar.TypeDir {
+				continue
+			}
+			return fmt.Errorf("entry %q is not a regular file: %w", h.Name, errdefs.ErrInvalidArgument)
+		}
+		if n++; n > maxArchiveEntries {
+			return fmt.Errorf("more than %d checkpoint entries: %w", maxArchiveEntries, errdefs.ErrInvalidArgument)
+		}
+		if h.Size < 0 || h.Size > maxArchiveEntrySize {
+			return fmt.Errorf("entry %q of %d bytes: %w", h.Name, h.Size, errdefs.ErrInvalidArgument)
+		}
+		out, err := os.OpenFile(filepath.Join(dst, file), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = io.CopyN(out, tr, h.Size)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("entry %q: %w", h.Name, err)
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no %s/ entries (not a containerd checkpoint archive): %w", archiveCheckpointDir, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
