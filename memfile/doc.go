@@ -15,6 +15,9 @@
 // areas, hugetlb areas, VMAs with MADV_WIPEONFORK (EINVAL on a file mapping)
 // and VMAs without pages (guard pages, PROT_NONE reservations).
 //
+// With RewriteOptions.FileRoot set, a dirty private file mapping (a
+// program's or library's .data) is converted too; see below.
+//
 // The converted VMA records the file as CRIU's checks demand: a reg-file
 // entry with the path under RewriteOptions.MapDir, and the exact size and
 // mode the file has on disk (0400, never touched again). In a dump that has
@@ -37,6 +40,38 @@
 //     semantics), charged to the copy that touched it; pages that were in the
 //     dump are never holes. The page a hole gets is shared by every copy that
 //     touches it later and stays in the file (charged to the first toucher).
+//
+// # Dirty .data of programs and libraries
+//
+// Every process has writable private mappings of its binary and shared
+// libraries (.data, .got): the pages it wrote are anonymous copies, which
+// CRIU dumps and restores as anonymous memory in each copy (about 1.1 MB for
+// python3.11). With RewriteOptions.FileRoot (the container's rootfs, "/" for
+// plain processes) such a VMA becomes a private mapping of a slot holding
+// the file's bytes for its range with the dumped pages on top, shared by
+// every copy like a converted anonymous VMA; its pages leave the image.
+// Converted: regular MAP_PRIVATE file mappings, writable and not
+// executable, not growsdown/hugetlb/WIPEONFORK, that have dumped pages (a
+// clean one stays a mapping of its file: a slot would only cost page cache).
+//
+// The file's bytes are used only if they are the bytes the dumped process
+// saw; otherwise the VMA stays as it is. The reg-file the VMA maps must be:
+// not remapped (remap-fpath: deleted or linked-remap files); on the
+// container's root mount (its mnt_id is the one of mountpoint "/"; the
+// path is opened with openat2 RESOLVE_IN_ROOT, and RESOLVE_NO_XDEV in a
+// container, so neither a symlink nor another mount leads elsewhere); a
+// regular file with exactly the size and mode CRIU recorded; with a ctime
+// not later than the dump's earliest image file (ctime cannot be set back;
+// CRIU's own build-id check would pass an in-place edit of .data); and the
+// VMA must not reach past the file's last page (the original would SIGBUS
+// there, the slot reads zeros). The file is checked again after it was
+// copied (size and ctime), and a change fails the rewrite. This assumes the
+// images were written by CRIU where they are (their mtimes date the dump).
+//
+// In a copy, /proc/PID/maps names the memory file instead of the library.
+// A dump of a copy sees a mapping of a family file: its writes are a delta
+// as below; parents and children share slots by the rule below (same file
+// at the same offsets).
 //
 // # Process trees
 //

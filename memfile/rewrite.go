@@ -54,8 +54,10 @@ type RewriteOptions struct {
 	Stage func(ctx context.Context, stagingDir string) error
 	// FileRoot is the host directory the dump's file paths are relative to
 	// (the container's rootfs; "/" for plain processes on the host). When
-	// set, dirty private file mappings (a program's .data) can be converted
-	// too: their clean pages are read from the file under FileRoot.
+	// set, dirty private file mappings (a program's .data) are converted
+	// too: their clean pages are read from the file under FileRoot, only if
+	// it is provably the file the dump mapped (see the package doc). ""
+	// leaves every file mapping as it is.
 	FileRoot string
 }
 
@@ -70,7 +72,8 @@ type Result struct {
 }
 
 // Rewrite turns the CRIU dump in imageDir into a LazyFork snapshot: every
-// private anonymous VMA that holds pages becomes a private mapping of a new,
+// private anonymous VMA that holds pages (and, with FileRoot, every dirty
+// .data mapping whose file checks out) becomes a private mapping of a new,
 // immutable file of the family, and its pages leave the image. See the
 // package documentation for the layout and the rules.
 //
@@ -470,8 +473,16 @@ func (rw *rewriter) writeMemory(ctx context.Context) error {
 			rw.regions = append(rw.regions, reg)
 			p.region, p.regOff = reg, reg.off
 			if p.hasBase() {
-				if err := rw.cp.copyData(rw.mem, reg.off, p.base, p.baseOff, int64(p.pages()*pageSize)); err != nil {
-					return err
+				// The base's bytes, except where the VMA's own pages go.
+				from := p.e.GetStart()
+				for _, gap := range append(slices.Clone(p.overlay), run{vaddr: p.e.GetEnd()}) {
+					if gap.vaddr > from {
+						d := int64(from - p.e.GetStart())
+						if err := rw.cp.copyData(rw.mem, reg.off+d, p.base, p.baseOff+d, int64(gap.vaddr-from)); err != nil {
+							return err
+						}
+					}
+					from = max(from, gap.end())
 				}
 			}
 			for _, r := range p.overlay {
