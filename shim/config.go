@@ -34,6 +34,13 @@ const (
 	// directory (or a checkpoint archive containerd wrote) the container is
 	// restored from instead of started fresh: a fork as a Kubernetes pod.
 	AnnotationForkOf = "lazyfork.io/fork-of"
+	// AnnotationForkContainer limits lazyfork.io/fork-of, set on a pod (CRI
+	// copies allowed pod annotations into every container of the pod), to the
+	// container of that name; the pod's sandbox (pause) container is never a fork.
+	AnnotationForkContainer = "lazyfork.io/fork-container"
+	// CRI's annotations naming a container's type and name.
+	annotationCRIContainerType = "io.kubernetes.cri.container-type"
+	annotationCRIContainerName = "io.kubernetes.cri.container-name"
 )
 
 // DefaultRoot is where LazyFork mounts its tmpfs.

@@ -33,6 +33,20 @@ const (
 	maxArchiveEntrySize = 4 << 30
 )
 
+// forkOf returns the fork-of reference that applies to a container with these
+// annotations: never to a pod's sandbox container, and with
+// lazyfork.io/fork-container only to the container of that name.
+func forkOf(a map[string]string) string {
+	ref := a[AnnotationForkOf]
+	if ref == "" || a[annotationCRIContainerType] == "sandbox" {
+		return ""
+	}
+	if want := a[AnnotationForkContainer]; want != "" && a[annotationCRIContainerName] != want {
+		return ""
+	}
+	return ref
+}
+
 // resolveForkOf turns the value of the lazyfork.io/fork-of annotation into a
 // LazyFork snapshot directory. A directory is used as it is; a regular file is
 // taken for a checkpoint archive written by containerd's CRI (CheckpointContainer)

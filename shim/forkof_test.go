@@ -94,3 +94,21 @@ func TestResolveForkOfBad(t *testing.T) {
 		t.Errorf("left behind: %v", ents)
 	}
 }
+
+func TestForkOfApplies(t *testing.T) {
+	for _, c := range []struct {
+		a    map[string]string
+		want string
+	}{
+		{map[string]string{AnnotationForkOf: "/s"}, "/s"},
+		{map[string]string{AnnotationForkOf: "/s", annotationCRIContainerType: "sandbox"}, ""},
+		{map[string]string{AnnotationForkOf: "/s", annotationCRIContainerType: "container", annotationCRIContainerName: "app"}, "/s"},
+		{map[string]string{AnnotationForkOf: "/s", AnnotationForkContainer: "app", annotationCRIContainerName: "app"}, "/s"},
+		{map[string]string{AnnotationForkOf: "/s", AnnotationForkContainer: "app", annotationCRIContainerName: "sidecar"}, ""},
+		{nil, ""},
+	} {
+		if got := forkOf(c.a); got != c.want {
+			t.Errorf("forkOf(%v) = %q, want %q", c.a, got, c.want)
+		}
+	}
+}

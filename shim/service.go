@@ -157,7 +157,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		return nil, err
 	}
 	var unpacked string
-	if ref := spec.Annotations[AnnotationForkOf]; ref != "" && r.Checkpoint == "" {
+	if ref := forkOf(spec.Annotations); ref != "" && r.Checkpoint == "" {
 		// A fork as a pod: CRI cannot restore, so the container names its
 		// snapshot in an annotation and runc restores it at Start.
 		dir, tmp, err := resolveForkOf(s.cfg, ns, r.ID, ref)
