@@ -1,88 +1,80 @@
-// Command lazyfork forks running containers (a minimal CLI for now):
+// Command lazyfork (shorthand lfork) forks running containers through
+// containerd and LazyFork's runtime io.containerd.lazyfork.v1.
 //
-//	lazyfork [--address SOCK] [--namespace NS] [--root DIR] fork NAME [-n N]
-//	lazyfork [--root DIR] mem
+//	lazyfork [--address SOCK] [--namespace NS] [--root DIR] COMMAND [ARGS]
 //
-// fork prints the ids of the new containers, one a line; mem lists each
-// family's memory files, what pins them and the memory cgroup they are
-// charged to.
+// Every command that takes NAME accepts a container's name, its id or a
+// unique prefix of its id. One file per command; `lazyfork help` lists them.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
+	"sort"
+	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
 
 	"github.com/lazyfork/lazyfork/client"
 )
 
+// globals are the flags every command accepts, before or after its name.
+type globals struct {
+	address   string
+	namespace string
+	root      string
+	logDir    string
+}
+
+// command is one subcommand.
+type command struct {
+	name    string
+	args    string // synopsis after the name
+	short   string
+	example string
+	flags   func(fs *flag.FlagSet) // registers the command's own flags
+	run     func(a *app, fs *flag.FlagSet, pos, cmd []string) error
+	noConn  bool // needs no containerd connection
+}
+
+var commands = map[string]*command{}
+
+func register(c *command) { commands[c.name] = c }
+
+// app is what a running command has.
+type app struct {
+	g   globals
+	ctx context.Context
+	cd  *containerd.Client
+	lf  *client.Client
+	out io.Writer
+}
+
 func main() {
 	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
 		fmt.Fprintln(os.Stderr, "lazyfork:", err)
+		var ec exitCode
+		if errors.As(err, &ec) {
+			os.Exit(int(ec))
+		}
 		os.Exit(1)
 	}
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: lazyfork [--address SOCK] [--namespace NS] [--root DIR] fork NAME [-n N]")
-	fmt.Fprintln(os.Stderr, "       lazyfork [--root DIR] mem")
-}
+// exitCode passes an exec'd process's status through.
+type exitCode int
 
-func run(args []string) error {
-	g := flag.NewFlagSet("lazyfork", flag.ContinueOnError)
-	g.Usage = usage
-	address := g.String("address", envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"), "containerd socket")
-	ns := g.String("namespace", envOr("CONTAINERD_NAMESPACE", "default"), "containerd namespace")
-	root := g.String("root", envOr("LAZYFORK_ROOT", client.DefaultRoot), "LazyFork root (the shim's LAZYFORK_ROOT)")
-	if err := g.Parse(args); err != nil {
-		return err
-	}
-	rest := g.Args()
-	if len(rest) == 1 && rest[0] == "mem" {
-		return mem(client.New(nil, client.WithRoot(*root)))
-	}
-	if len(rest) == 0 || rest[0] != "fork" {
-		usage()
-		return fmt.Errorf("unknown command %q", rest)
-	}
-	f := flag.NewFlagSet("fork", flag.ContinueOnError)
-	f.Usage = usage
-	n := f.Int("n", 1, "number of forks")
-	// Accept `fork NAME -n N` as well as `fork -n N NAME`.
-	var name string
-	fargs := rest[1:]
-	if len(fargs) > 0 && len(fargs[0]) > 0 && fargs[0][0] != '-' {
-		name, fargs = fargs[0], fargs[1:]
-	}
-	if err := f.Parse(fargs); err != nil {
-		return err
-	}
-	if name == "" && f.NArg() == 1 {
-		name = f.Arg(0)
-	} else if f.NArg() != 0 || name == "" {
-		usage()
-		return fmt.Errorf("fork needs exactly one container name")
-	}
-
-	cd, err := containerd.New(*address)
-	if err != nil {
-		return err
-	}
-	defer cd.Close()
-	ctx := namespaces.WithNamespace(context.Background(), *ns)
-	res, err := client.New(cd, client.WithRoot(*root)).Fork(ctx, name, *n)
-	if err != nil {
-		return err
-	}
-	for _, id := range res.IDs() {
-		fmt.Println(id)
-	}
-	return nil
-}
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
@@ -91,18 +83,176 @@ func envOr(k, def string) string {
 	return def
 }
 
-func mem(c *client.Client) error {
-	fams, err := c.Families()
-	if err != nil {
+func defaultGlobals() globals {
+	return globals{
+		address:   envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"),
+		namespace: envOr("CONTAINERD_NAMESPACE", "default"),
+		root:      envOr("LAZYFORK_ROOT", client.DefaultRoot),
+		logDir:    envOr("LAZYFORK_LOG_DIR", "/var/log/lazyfork/containers"),
+	}
+}
+
+func addGlobals(fs *flag.FlagSet, g *globals) {
+	fs.StringVar(&g.address, "address", g.address, "containerd socket ($CONTAINERD_ADDRESS)")
+	fs.StringVar(&g.address, "a", g.address, "shorthand for --address")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
+	fs.StringVar(&g.namespace, "n", g.namespace, "shorthand for --namespace (before the command)")
+	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
+	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
+}
+
+func mainUsage(w io.Writer) {
+	fmt.Fprint(w, `lazyfork forks running containers (containerd runtime io.containerd.lazyfork.v1).
+
+Usage: lazyfork [--address SOCK] [--namespace NS] [--root DIR] COMMAND [ARGS]
+NAME is a container's name, its id, or a unique prefix of its id.
+
+Commands:
+`)
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		c := commands[n]
+		fmt.Fprintf(w, "  %-8s %s\n", n, c.short)
+	}
+	fmt.Fprint(w, `
+Quick start:
+  lazyfork setup
+  lazyfork create --name counter localhost/lazyfork/busybox:latest -- sh -c 'i=0; while :; do echo $i; i=$((i+1)); sleep 1; done'
+  lazyfork fork counter --name twin
+  lazyfork attach twin
+
+Run 'lazyfork COMMAND --help' for a command's flags and examples.
+`)
+}
+
+func run(args []string) error {
+	g := defaultGlobals()
+	top := flag.NewFlagSet("lazyfork", flag.ContinueOnError)
+	top.SetOutput(io.Discard)
+	addGlobals(top, &g)
+	help := top.Bool("help", false, "")
+	top.BoolVar(help, "h", false, "")
+	if err := top.Parse(args); err != nil {
+		mainUsage(os.Stderr)
 		return err
 	}
-	fmt.Printf("%-30s %6s %12s %8s  %s\n", "FAMILY", "FILES", "BYTES", "HOLDERS", "CHARGED TO (MEMORY CGROUP)")
-	for _, f := range fams {
-		cg := f.MemoryCgroup
-		if cg == "" {
-			cg = "-"
+	rest := top.Args()
+	if *help || len(rest) == 0 || rest[0] == "help" {
+		if len(rest) > 1 {
+			if c := commands[rest[1]]; c != nil {
+				return runCommand(c, g, []string{"--help"})
+			}
 		}
-		fmt.Printf("%-30s %6d %12d %8d  %s\n", f.Name, len(f.Files), f.Bytes, len(f.Holders), cg)
+		mainUsage(os.Stdout)
+		if len(rest) == 0 && !*help {
+			return errors.New("no command given")
+		}
+		return nil
+	}
+	c := commands[rest[0]]
+	if c == nil {
+		mainUsage(os.Stderr)
+		return fmt.Errorf("unknown command %q", rest[0])
+	}
+	return runCommand(c, g, rest[1:])
+}
+
+func runCommand(c *command, g globals, args []string) error {
+	fs := flag.NewFlagSet("lazyfork "+c.name, flag.ContinueOnError)
+	addGlobalsLong(fs, &g)
+	if c.flags != nil {
+		c.flags(fs)
+	}
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: lazyfork %s %s\n\n%s\n\nFlags:\n", c.name, c.args, c.short)
+		fs.PrintDefaults()
+		if c.example != "" {
+			fmt.Fprintf(w, "\nExamples:\n%s\n", c.example)
+		}
+	}
+	// Everything after "--" is a command line for the container.
+	var cmd []string
+	for i, a := range args {
+		if a == "--" {
+			args, cmd = args[:i], args[i+1:]
+			break
+		}
+	}
+	// Flags may come before or after the positional arguments.
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	a := &app{g: g, out: os.Stdout}
+	a.ctx = namespaces.WithNamespace(context.Background(), g.namespace)
+	if !c.noConn {
+		cd, err := containerd.New(g.address, containerd.WithDefaultNamespace(g.namespace))
+		if err != nil {
+			return fmt.Errorf("connect to containerd at %s: %w (is it running? try lazyfork setup)", g.address, err)
+		}
+		defer cd.Close()
+		a.cd = cd
+		a.lf = client.New(cd, client.WithRoot(g.root))
+	} else {
+		a.lf = client.New(nil, client.WithRoot(g.root))
+	}
+	return c.run(a, fs, pos, cmd)
+}
+
+// addGlobalsLong registers the long global flags on a command (the one-letter
+// shorthands are for before the command, where -n is not fork's count).
+func addGlobalsLong(fs *flag.FlagSet, g *globals) {
+	fs.StringVar(&g.address, "address", g.address, "containerd socket ($CONTAINERD_ADDRESS)")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
+	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
+	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
+}
+
+// needArgs checks the count of positional arguments.
+func needArgs(pos []string, n int, what string) error {
+	if len(pos) != n {
+		return fmt.Errorf("want %s, got %d argument(s) %q: %w", what, len(pos), pos, errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// resolve maps NAME to a container id.
+func (a *app) resolve(ref string) (string, error) { return a.lf.Resolve(a.ctx, ref) }
+
+// logPath is where container id's output goes.
+func (a *app) logPath(id string) string {
+	dir := a.g.logDir
+	if !filepath.IsAbs(dir) {
+		if abs, err := filepath.Abs(dir); err == nil {
+			dir = abs
+		}
+	}
+	return filepath.Join(dir, a.g.namespace, id+".log")
+}
+
+func short(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func orDash(s string) string {
+	if strings.TrimSpace(s) == "" {
+		return "-"
+	}
+	return s
 }

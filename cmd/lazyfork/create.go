@@ -1,0 +1,139 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/hook"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
+)
+
+func init() {
+	var name, hookDir, snapshotter string
+	register(&command{
+		name:  "create",
+		args:  "IMAGE [--name N] [--hook DIR] [-- CMD...]",
+		short: "create and start a LazyFork container (forkable from its first instant)",
+		example: `  lazyfork create --name counter localhost/lazyfork/busybox:latest -- sh -c 'i=0; while :; do echo $i; i=$((i+1)); sleep 1; done'
+  lazyfork create --name agent --hook /run/lazyfork/hooks localhost/lazyfork/python:latest -- python3 /agent.py
+The container runs under io.containerd.lazyfork.v1, on the lazyfork snapshotter when
+containerd has it (else overlayfs); its output goes to a log file (see attach).
+With --hook, DIR/<id>/hook.sock on the host is /run/lazyfork-hook/hook.sock inside
+($LAZYFORK_HOOK): LazyFork sends QUIESCE there before a snapshot and RESEED <id> after a restore.`,
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&name, "name", "", "container name (also its id); default: a random id")
+			fs.StringVar(&hookDir, "hook", "", "host directory for the runtime hook socket")
+			fs.StringVar(&snapshotter, "snapshotter", "", "snapshotter (default: lazyfork if containerd has it, else overlayfs)")
+		},
+		run: func(a *app, fs *flag.FlagSet, pos, cmd []string) error {
+			if err := needArgs(pos, 1, "IMAGE"); err != nil {
+				return err
+			}
+			id, err := a.create(pos[0], name, hookDir, snapshotter, cmd)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out, id)
+			return nil
+		},
+	})
+}
+
+// hasSnapshotter tells whether containerd serves snapshotter name.
+func (a *app) hasSnapshotter(name string) bool {
+	resp, err := a.cd.IntrospectionService().Plugins(a.ctx, "type==io.containerd.snapshotter.v1,id=="+name)
+	if err != nil || resp == nil {
+		return false
+	}
+	for _, p := range resp.Plugins {
+		if p.ID == name && p.InitErr == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func randomID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (a *app) create(ref, name, hookDir, sn string, cmd []string) (string, error) {
+	img, err := a.cd.GetImage(a.ctx, ref)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w (import it first, e.g. ctr -n %s images import --local FILE)", ref, err, a.g.namespace)
+	}
+	if sn == "" {
+		sn = "overlayfs"
+		if a.hasSnapshotter(snapclient.SnapshotterName) {
+			sn = snapclient.SnapshotterName
+		}
+	}
+	if ok, err := img.IsUnpacked(a.ctx, sn); err != nil || !ok {
+		if err := img.Unpack(a.ctx, sn); err != nil {
+			return "", fmt.Errorf("unpack %s for %s: %w", ref, sn, err)
+		}
+	}
+	id := name
+	if id == "" {
+		id = randomID()
+	} else if _, err := a.cd.LoadContainer(a.ctx, id); err == nil {
+		return "", fmt.Errorf("a container named %q exists: %w", id, errdefs.ErrAlreadyExists)
+	}
+	logPath := a.logPath(id)
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return "", err
+	}
+	labels := map[string]string{client.LabelLog: logPath}
+	if name != "" {
+		labels[client.LabelName] = name
+	}
+	specOpts := []oci.SpecOpts{oci.WithImageConfig(img)}
+	if len(cmd) > 0 {
+		specOpts = append(specOpts, oci.WithProcessArgs(cmd...))
+	}
+	if hookDir != "" {
+		if hookDir, err = filepath.Abs(hookDir); err != nil {
+			return "", err
+		}
+		if err := os.MkdirAll(filepath.Join(hookDir, id), 0o755); err != nil {
+			return "", fmt.Errorf("hook dir: %w", err)
+		}
+		labels[hook.Label] = hookDir
+		specOpts = append(specOpts,
+			oci.WithMounts([]specs.Mount{{Destination: hook.ContainerDir, Type: "bind", Source: filepath.Join(hookDir, id), Options: []string{"rbind", "rw"}}}),
+			oci.WithEnv([]string{hook.EnvSocket + "=" + hook.ContainerDir + "/" + hook.SocketName}))
+	}
+	ctr, err := a.cd.NewContainer(a.ctx, id,
+		containerd.WithImage(img),
+		containerd.WithSnapshotter(sn),
+		containerd.WithNewSnapshot(id, img),
+		containerd.WithNewSpec(specOpts...),
+		containerd.WithRuntime(client.RuntimeName, nil),
+		containerd.WithContainerLabels(labels),
+	)
+	if err != nil {
+		return "", fmt.Errorf("create %s: %w", id, err)
+	}
+	task, err := ctr.NewTask(a.ctx, cio.LogFile(logPath))
+	if err == nil {
+		err = task.Start(a.ctx)
+	}
+	if err != nil {
+		_ = a.lf.Delete(a.ctx, id)
+		return "", fmt.Errorf("start %s: %w", id, err)
+	}
+	return id, nil
+}

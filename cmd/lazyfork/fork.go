@@ -1,0 +1,125 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/client"
+)
+
+func init() {
+	var n int
+	var name string
+	register(&command{
+		name:  "fork",
+		args:  "NAME [-n N] [--name N]",
+		short: "make N running copies of a container (the parent keeps running); prints their ids",
+		example: `  lazyfork fork counter --name twin     # one copy named twin
+  lazyfork fork py -n 10                # ten copies: ids printed one a line
+  lazyfork fork twin                    # forks of forks work the same way
+A stopped container (lazyfork stop) forks from its snapshot.`,
+		flags: func(fs *flag.FlagSet) {
+			fs.IntVar(&n, "n", 1, "number of copies")
+			fs.StringVar(&name, "name", "", "name (and id) of the copy; with -n N > 1: NAME-1 ... NAME-N")
+		},
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 1, "NAME"); err != nil {
+				return err
+			}
+			if n < 1 {
+				return fmt.Errorf("-n %d: need at least one copy", n)
+			}
+			id, err := a.resolve(pos[0])
+			if err != nil {
+				return err
+			}
+			var ids []string
+			if name != "" {
+				if n == 1 {
+					ids = []string{name}
+				} else {
+					for i := 1; i <= n; i++ {
+						ids = append(ids, fmt.Sprintf("%s-%d", name, i))
+					}
+				}
+				for _, x := range ids {
+					if _, err := a.cd.LoadContainer(a.ctx, x); err == nil {
+						return fmt.Errorf("a container named %q exists", x)
+					}
+				}
+			}
+			if err := os.MkdirAll(a.logPath(""), 0o755); err != nil {
+				return err
+			}
+			var started atomic.Int64
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			bar := n > 1 && isTerminal(os.Stderr)
+			go func() {
+				defer close(done)
+				if !bar {
+					<-stop
+					return
+				}
+				for {
+					progress(int(started.Load()), n, false)
+					select {
+					case <-stop:
+						return
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+			}()
+			opts := []client.ForkOpt{client.WithIO(func(fid string) cio.Creator {
+				started.Add(1)
+				return cio.LogFile(a.logPath(fid))
+			})}
+			if ids != nil {
+				opts = append(opts, client.WithIDs(ids...))
+			}
+			res, err := a.lf.Fork(a.ctx, id, n, opts...)
+			close(stop)
+			<-done
+			if err != nil {
+				if bar {
+					fmt.Fprintln(os.Stderr)
+				}
+				return err
+			}
+			if bar {
+				progress(n, n, true)
+			}
+			for _, f := range res.Forks {
+				l := map[string]string{client.LabelLog: a.logPath(f.Container.ID())}
+				if name != "" {
+					l[client.LabelName] = f.Container.ID()
+				}
+				_, _ = f.Container.SetLabels(a.ctx, l)
+				fmt.Fprintln(a.out, f.Container.ID())
+			}
+			return nil
+		},
+	})
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+func progress(k, n int, final bool) {
+	const width = 30
+	fill := width * k / n
+	end := "\r"
+	if final {
+		end = "\n"
+	}
+	fmt.Fprintf(os.Stderr, "\rforking [%s%s] %d/%d%s", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), k, n, end)
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+)
+
+func init() {
+	for _, c := range []struct{ name, short string }{
+		{"freeze", "pause a container's processes (cgroup freezer)"},
+		{"thaw", "resume a frozen container"},
+	} {
+		name := c.name
+		register(&command{
+			name:    name,
+			args:    "NAME",
+			short:   c.short,
+			example: "  lazyfork " + name + " counter",
+			run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+				if err := needArgs(pos, 1, "NAME"); err != nil {
+					return err
+				}
+				id, err := a.resolve(pos[0])
+				if err != nil {
+					return err
+				}
+				ctr, err := a.cd.LoadContainer(a.ctx, id)
+				if err != nil {
+					return err
+				}
+				task, err := ctr.Task(a.ctx, nil)
+				if err != nil {
+					return fmt.Errorf("%s: no running task: %w", id, err)
+				}
+				if name == "freeze" {
+					err = task.Pause(a.ctx)
+				} else {
+					err = task.Resume(a.ctx)
+				}
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", name, id, err)
+				}
+				fmt.Fprintln(a.out, id)
+				return nil
+			},
+		})
+	}
+}

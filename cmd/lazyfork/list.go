@@ -1,0 +1,204 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+
+	"github.com/lazyfork/lazyfork/client"
+)
+
+// row is one container as list, tree and stats show it.
+type row struct {
+	ID       string `json:"id"`
+	Name     string `json:"name,omitempty"`
+	State    string `json:"state"`
+	Parent   string `json:"parent,omitempty"`
+	Family   string `json:"family,omitempty"`
+	Depth    int    `json:"depth"`
+	PID      uint32 `json:"pid,omitempty"`
+	Procs    int    `json:"procs"`
+	Memory   int64  `json:"memoryBytes"` // the container's memory cgroup usage
+	Image    string `json:"image"`
+	Runtime  string `json:"runtime"`
+	Snapshot string `json:"snapshot,omitempty"` // kept by stop
+	Log      string `json:"log,omitempty"`
+	cgroup   string
+}
+
+func init() {
+	var format string
+	register(&command{
+		name:  "list",
+		args:  "[--format table|json]",
+		short: "list containers: id, name, state, parent, depth, pid, procs, memory, and a total",
+		example: `  lazyfork list
+  lazyfork list --format json | jq '.containers[].memoryBytes'`,
+		flags: func(fs *flag.FlagSet) { fs.StringVar(&format, "format", "table", "table or json") },
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			rows, err := a.rows()
+			if err != nil {
+				return err
+			}
+			var total int64
+			procs := 0
+			for _, r := range rows {
+				total += r.Memory
+				procs += r.Procs
+			}
+			switch format {
+			case "json":
+				return writeJSON(a, map[string]any{"containers": rows, "total": map[string]any{"containers": len(rows), "procs": procs, "memoryBytes": total}})
+			case "table", "":
+			default:
+				return fmt.Errorf("--format %q: want table or json", format)
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tPARENT\tDEPTH\tPID\tPROCS\tMEMORY")
+			for _, r := range rows {
+				pid := "-"
+				if r.PID != 0 {
+					pid = strconv.Itoa(int(r.PID))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.ID, orDash(r.Name), r.State, orDash(r.Parent), r.Depth, pid, r.Procs, human(r.Memory))
+			}
+			fmt.Fprintf(tw, "TOTAL\t%d containers\t\t\t\t\t%d\t%s\n", len(rows), procs, human(total))
+			return tw.Flush()
+		},
+	})
+}
+
+func writeJSON(a *app, v any) error {
+	enc := json.NewEncoder(a.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func human(b int64) string {
+	switch {
+	case b <= 0:
+		return "-"
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	default:
+		return fmt.Sprintf("%.0f KiB", float64(b)/(1<<10))
+	}
+}
+
+// rows describes every container in the namespace, sorted by family, depth, id.
+func (a *app) rows() ([]*row, error) {
+	ctrs, err := a.cd.Containers(a.ctx)
+	if err != nil {
+		return nil, err
+	}
+	var rows []*row
+	byID := map[string]*row{}
+	for _, ctr := range ctrs {
+		r, err := a.row(ctr)
+		if err != nil {
+			if errdefs.IsNotFound(err) {
+				continue // deleted meanwhile
+			}
+			return nil, err
+		}
+		rows = append(rows, r)
+		byID[r.ID] = r
+	}
+	for _, r := range rows {
+		seen := map[string]bool{r.ID: true}
+		for p := r.Parent; p != ""; {
+			r.Depth++
+			pr := byID[p]
+			if pr == nil || seen[p] {
+				break
+			}
+			seen[p] = true
+			p = pr.Parent
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].Family != rows[j].Family {
+			return rows[i].Family < rows[j].Family
+		}
+		if rows[i].Depth != rows[j].Depth {
+			return rows[i].Depth < rows[j].Depth
+		}
+		return rows[i].ID < rows[j].ID
+	})
+	return rows, nil
+}
+
+func (a *app) row(ctr containerd.Container) (*row, error) {
+	info, err := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata)
+	if err != nil {
+		return nil, err
+	}
+	r := &row{
+		ID: info.ID, Name: info.Labels[client.LabelName], Parent: info.Labels[client.LabelParent],
+		Family: info.Labels[client.LabelFamily], Image: info.Image, Runtime: info.Runtime.Name,
+		Snapshot: info.Labels[client.LabelStopped], Log: info.Labels[client.LabelLog],
+	}
+	if r.Family == "" {
+		r.Family = info.ID
+	}
+	if spec, err := ctr.Spec(a.ctx); err == nil && spec.Linux != nil {
+		r.cgroup = spec.Linux.CgroupsPath
+	}
+	task, err := ctr.Task(a.ctx, nil)
+	if err != nil {
+		if !errdefs.IsNotFound(err) {
+			return nil, err
+		}
+		r.State = "exited"
+		if r.Snapshot != "" {
+			r.State = "stopped"
+		}
+		return r, nil
+	}
+	st, err := task.Status(a.ctx)
+	if err != nil {
+		r.State = "unknown"
+		return r, nil
+	}
+	r.State = string(st.Status)
+	if st.Status == containerd.Stopped {
+		r.State = "exited"
+		return r, nil
+	}
+	r.PID = task.Pid()
+	if pids, err := task.Pids(a.ctx); err == nil {
+		r.Procs = len(pids)
+	}
+	r.Memory = cgroupMemory(r.cgroup)
+	return r, nil
+}
+
+// cgroupMemory reads a cgroup's memory usage: cgroup v1 (memory controller)
+// or v2; 0 if unknown (e.g. a systemd slice path).
+func cgroupMemory(path string) int64 {
+	if path == "" || !strings.HasPrefix(path, "/") {
+		return 0
+	}
+	for _, f := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", path, "memory.usage_in_bytes"),
+		filepath.Join("/sys/fs/cgroup", path, "memory.current"),
+	} {
+		if b, err := os.ReadFile(f); err == nil {
+			if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+				return v
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,329 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+
+	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/memfile"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
+)
+
+const defaultConfig = "/etc/containerd/config.toml"
+
+type setupOpts struct {
+	config, state, logs  string
+	print, noStart, down bool
+}
+
+func init() {
+	var o setupOpts
+	register(&command{
+		name:  "setup",
+		args:  "[--config FILE] [--state DIR] [--print] [--no-start] [--down]",
+		short: "configure containerd for LazyFork (runtime + snapshotter proxy plugin) and start what is missing",
+		example: `  lazyfork setup --print      # show the config entries, change nothing
+  lazyfork setup              # add them to /etc/containerd/config.toml, start the snapshotter
+                              # (and containerd if it is not running)
+  lazyfork --address /tmp/lf/c.sock --root /tmp/lf/root setup --config /tmp/lf/config.toml --state /tmp/lf/state
+                              # a private stack that leaves the system's containerd alone
+  lazyfork --address /tmp/lf/c.sock --root /tmp/lf/root setup --down   # stop what setup started
+Daemons started here run in the background; logs in --logs, pidfiles in the LazyFork root.
+A config file other than the default gets a full private config (root, state and
+sockets under --state, CRI disabled). Idempotent: a second run changes nothing.`,
+		noConn: true,
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&o.config, "config", defaultConfig, "containerd config file")
+			fs.StringVar(&o.state, "state", "/var/lib/lazyfork", "LazyFork state: snapshotter layers (and containerd's root for a private config)")
+			fs.StringVar(&o.logs, "logs", "/var/log/lazyfork", "daemon logs")
+			fs.BoolVar(&o.print, "print", false, "print the config, change nothing")
+			fs.BoolVar(&o.noStart, "no-start", false, "write the config only")
+			fs.BoolVar(&o.down, "down", false, "stop the containerd and snapshotter that setup started")
+		},
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 0, "no arguments"); err != nil {
+				return err
+			}
+			return a.setup(o)
+		},
+	})
+}
+
+func (a *app) snapshotterAddress(o setupOpts) string {
+	return filepath.Join(a.g.root, "snapshotter.sock")
+}
+
+// configText is the whole private config, or the entries to add to an existing one.
+func (a *app) configText(o setupOpts, existing string, private bool) string {
+	var b strings.Builder
+	w := func(f string, args ...any) { fmt.Fprintf(&b, f+"\n", args...) }
+	snAddr := a.snapshotterAddress(o)
+	if private {
+		w("version = 3")
+		w("root = %q", filepath.Join(o.state, "containerd"))
+		w("state = %q", filepath.Join(o.state, "containerd-state"))
+		w("imports = []")
+		w(`disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.podsandbox.controller.v1.podsandbox"]`)
+		w("[grpc]\n  address = %q", a.g.address)
+		w("[ttrpc]\n  address = %q", a.g.address+".ttrpc")
+		w("[debug]\n  address = %q", a.g.address+".debug")
+	} else if existing == "" {
+		w("version = 3")
+	}
+	w("")
+	w("# LazyFork (lazyfork setup)")
+	w("[proxy_plugins.lazyfork]")
+	w("  type = \"snapshot\"")
+	w("  address = %q", snAddr)
+	w("  [proxy_plugins.lazyfork.exports]")
+	w("    root = %q", filepath.Join(o.state, "snapshotter"))
+	if !private {
+		key := "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.lazyfork"
+		if strings.Contains(existing, "version = 2") {
+			key = `plugins."io.containerd.grpc.v1.cri".containerd.runtimes.lazyfork`
+		}
+		w("[%s]", key)
+		w("  runtime_type = %q", client.RuntimeName)
+	}
+	return b.String()
+}
+
+func (a *app) setup(o setupOpts) error {
+	for _, p := range []*string{&o.config, &o.state, &o.logs, &a.g.root} {
+		if abs, err := filepath.Abs(*p); err == nil {
+			*p = abs
+		}
+	}
+	if o.down {
+		return a.setupDown()
+	}
+	private := o.config != defaultConfig
+	existing := ""
+	if b, err := os.ReadFile(o.config); err == nil {
+		existing = string(b)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	configured := strings.Contains(existing, "[proxy_plugins.lazyfork]")
+	text := a.configText(o, existing, private && existing == "")
+	if o.print {
+		fmt.Fprint(a.out, text)
+		return nil
+	}
+	changed := false
+	if !configured {
+		if err := os.MkdirAll(filepath.Dir(o.config), 0o755); err != nil {
+			return err
+		}
+		if existing != "" && !strings.HasSuffix(existing, "\n") {
+			existing += "\n"
+		}
+		tmp := o.config + ".lazyfork-tmp"
+		if err := os.WriteFile(tmp, []byte(existing+text), 0o644); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, o.config); err != nil {
+			return err
+		}
+		changed = true
+		fmt.Fprintf(a.out, "config: wrote LazyFork entries to %s\n", o.config)
+	} else {
+		fmt.Fprintf(a.out, "config: %s already has LazyFork's entries\n", o.config)
+	}
+	if o.noStart {
+		return nil
+	}
+	if err := memfile.EnsureTmpfs(a.g.root, halfOfRAM()); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.logs, 0o755); err != nil {
+		return err
+	}
+	self, _ := os.Executable()
+	binDir := filepath.Dir(self)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	snAddr := a.snapshotterAddress(o)
+	if snapshotterUp(ctx, snAddr) {
+		fmt.Fprintf(a.out, "snapshotter: running at %s\n", snAddr)
+	} else {
+		bin := findBin(binDir, "lazyfork-snapshotter")
+		pid, err := startDaemon(bin, []string{"--root", filepath.Join(o.state, "snapshotter"), "--address", snAddr},
+			nil, filepath.Join(o.logs, "snapshotter.log"), filepath.Join(a.g.root, "snapshotter.pid"))
+		if err != nil {
+			return fmt.Errorf("start lazyfork-snapshotter: %w", err)
+		}
+		for !snapshotterUp(ctx, snAddr) {
+			if ctx.Err() != nil || !alive(pid) {
+				return fmt.Errorf("lazyfork-snapshotter (pid %d) does not answer at %s; see %s", pid, snAddr, filepath.Join(o.logs, "snapshotter.log"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		fmt.Fprintf(a.out, "snapshotter: started (pid %d) at %s, log %s\n", pid, snAddr, filepath.Join(o.logs, "snapshotter.log"))
+	}
+
+	if v, ok := containerdUp(ctx, a.g.address); ok {
+		fmt.Fprintf(a.out, "containerd: %s running at %s\n", v, a.g.address)
+		if changed {
+			fmt.Fprintf(a.out, "containerd: restart it to load the new config (setup does not restart a running containerd)\n")
+		}
+		return nil
+	}
+	env := append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "LAZYFORK_ROOT="+a.g.root)
+	pid, err := startDaemon(findBin("", "containerd"), []string{"--config", o.config}, env,
+		filepath.Join(o.logs, "containerd.log"), filepath.Join(a.g.root, "containerd.pid"))
+	if err != nil {
+		return fmt.Errorf("start containerd: %w", err)
+	}
+	for {
+		if v, ok := containerdUp(ctx, a.g.address); ok {
+			fmt.Fprintf(a.out, "containerd: %s started (pid %d) at %s, log %s\n", v, pid, a.g.address, filepath.Join(o.logs, "containerd.log"))
+			return nil
+		}
+		if ctx.Err() != nil || !alive(pid) {
+			return fmt.Errorf("containerd (pid %d) does not answer at %s; see %s", pid, a.g.address, filepath.Join(o.logs, "containerd.log"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// setupDown stops the daemons whose pidfiles setup wrote, containerd first.
+func (a *app) setupDown() error {
+	var errs []error
+	for _, name := range []string{"containerd", "snapshotter"} {
+		pf := filepath.Join(a.g.root, name+".pid")
+		b, err := os.ReadFile(pf)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if pid <= 1 {
+			continue
+		}
+		if alive(pid) {
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+			deadline := time.Now().Add(20 * time.Second)
+			for alive(pid) && time.Now().Before(deadline) {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if alive(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			fmt.Fprintf(a.out, "%s: stopped (pid %d)\n", name, pid)
+		}
+		os.Remove(pf)
+	}
+	return errors.Join(errs...)
+}
+
+func findBin(dir, name string) string {
+	if dir != "" {
+		if p := filepath.Join(dir, name); isExec(p) {
+			return p
+		}
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	return name
+}
+
+func isExec(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode()&0o111 != 0
+}
+
+// startDaemon runs bin in its own session, detached, output to logPath, and
+// records its pid in pidPath (atomically).
+func startDaemon(bin string, args, env []string, logPath, pidPath string) (int, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return 0, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Release()
+	tmp := pidPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
+		return pid, err
+	}
+	return pid, os.Rename(tmp, pidPath)
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie (our own child not yet reaped) is not alive.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i > 0 && len(s) > i+2 {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+func snapshotterUp(ctx context.Context, addr string) bool {
+	if _, err := os.Stat(addr); err != nil {
+		return false
+	}
+	c, err := snapclient.Dial(ctx, snapclient.TTRPCAddress(addr))
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+func containerdUp(ctx context.Context, addr string) (string, bool) {
+	if _, err := os.Stat(addr); err != nil {
+		return "", false
+	}
+	cd, err := containerd.New(addr, containerd.WithTimeout(2*time.Second))
+	if err != nil {
+		return "", false
+	}
+	defer cd.Close()
+	v, err := cd.Version(ctx)
+	if err != nil {
+		return "", false
+	}
+	return v.Version, true
+}
+
+func halfOfRAM() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fld := strings.Fields(sc.Text())
+		if len(fld) >= 2 && fld[0] == "MemTotal:" {
+			kb, _ := strconv.ParseInt(fld[1], 10, 64)
+			return kb << 10 / 2
+		}
+	}
+	return 0
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"encoding/csv"
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/memfile"
+)
+
+type stats struct {
+	ID            string  `json:"id"`
+	Name          string  `json:"name,omitempty"`
+	State         string  `json:"state"`
+	Memory        int64   `json:"memoryBytes"`    // cgroup usage
+	RssAnon       int64   `json:"rssAnonBytes"`   // init process's private anonymous memory
+	RssShared     int64   `json:"rssSharedBytes"` // its pages shared through the memory files
+	Snapshot      string  `json:"snapshot,omitempty"`
+	SnapshotBytes int64   `json:"snapshotBytes"`
+	SnapshotPages uint64  `json:"snapshotPages"`
+	RestoreSec    float64 `json:"restoreSeconds"` // task create → running, for a fork
+}
+
+func init() {
+	var format string
+	var asCSV, header bool
+	register(&command{
+		name:  "stats",
+		args:  "NAME [--format table|json] [--csv [--header]]",
+		short: "memory, snapshot size and pages, restore timing of one container",
+		example: `  lazyfork stats twin
+  lazyfork stats twin --csv --header > stats.csv; lazyfork stats fork2 --csv >> stats.csv`,
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&format, "format", "table", "table or json")
+			fs.BoolVar(&asCSV, "csv", false, "one CSV row")
+			fs.BoolVar(&header, "header", false, "with --csv: a header line first")
+		},
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 1, "NAME"); err != nil {
+				return err
+			}
+			id, err := a.resolve(pos[0])
+			if err != nil {
+				return err
+			}
+			ctr, err := a.cd.LoadContainer(a.ctx, id)
+			if err != nil {
+				return err
+			}
+			r, err := a.row(ctr)
+			if err != nil {
+				return err
+			}
+			labels, _ := ctr.Labels(a.ctx)
+			s := stats{ID: r.ID, Name: r.Name, State: r.State, Memory: r.Memory}
+			if r.PID != 0 {
+				s.RssAnon, s.RssShared = procRss(r.PID)
+			}
+			s.Snapshot = labels[client.LabelStopped]
+			if s.Snapshot == "" {
+				s.Snapshot = labels[client.LabelSnapshot]
+			}
+			if s.Snapshot != "" {
+				if info, err := memfile.ReadSnapshot(s.Snapshot); err == nil {
+					s.SnapshotPages = info.Pages
+					s.SnapshotBytes = dirBytes(s.Snapshot)
+				} else {
+					s.Snapshot += " (removed)"
+				}
+			}
+			if ns, err := strconv.ParseInt(labels[client.LabelRestoreNS], 10, 64); err == nil {
+				s.RestoreSec = time.Duration(ns).Seconds()
+			}
+			switch {
+			case asCSV:
+				w := csv.NewWriter(a.out)
+				if header {
+					_ = w.Write([]string{"id", "name", "state", "memory_bytes", "rss_anon_bytes", "rss_shared_bytes", "snapshot_bytes", "snapshot_pages", "restore_seconds"})
+				}
+				_ = w.Write([]string{s.ID, s.Name, s.State, itoa(s.Memory), itoa(s.RssAnon), itoa(s.RssShared), itoa(s.SnapshotBytes),
+					strconv.FormatUint(s.SnapshotPages, 10), strconv.FormatFloat(s.RestoreSec, 'f', 4, 64)})
+				w.Flush()
+				return w.Error()
+			case format == "json":
+				return writeJSON(a, s)
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "id:\t%s\nname:\t%s\nstate:\t%s\n", s.ID, orDash(s.Name), s.State)
+			fmt.Fprintf(tw, "memory (cgroup):\t%s\nrss anon:\t%s\nrss shared (memory files):\t%s\n", human(s.Memory), human(s.RssAnon), human(s.RssShared))
+			fmt.Fprintf(tw, "snapshot:\t%s\nsnapshot size:\t%s (%d pages in the image)\n", orDash(s.Snapshot), human(s.SnapshotBytes), s.SnapshotPages)
+			rt := "-"
+			if s.RestoreSec > 0 {
+				rt = fmt.Sprintf("%.3f s", s.RestoreSec)
+			}
+			fmt.Fprintf(tw, "restore:\t%s\n", rt)
+			return tw.Flush()
+		},
+	})
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// procRss reads RssAnon and RssShmem (pages of the memory files) of a process.
+func procRss(pid uint32) (anon, shared int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "RssAnon:":
+			anon = v << 10
+		case "RssShmem:":
+			shared = v << 10
+		}
+	}
+	return anon, shared
+}
+
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"text/tabwriter"
+
+	"golang.org/x/sys/unix"
+
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
+)
+
+type statusReport struct {
+	Host        string `json:"host"`
+	Kernel      string `json:"kernel"`
+	Containerd  string `json:"containerd"`
+	Address     string `json:"address"`
+	Namespace   string `json:"namespace"`
+	Snapshotter string `json:"snapshotter"`
+	CRIU        string `json:"criu"`
+	Root        string `json:"root"`
+	Containers  int    `json:"containers"`
+	Running     int    `json:"running"`
+	Stopped     int    `json:"stopped"`
+	Families    int    `json:"families"`
+	MemFiles    int    `json:"memoryFiles"`
+	MemBytes    int64  `json:"memoryFileBytes"`
+	FamilyMem   int64  `json:"familyMemoryBytes"` // memory files + every container's cgroup usage
+}
+
+func init() {
+	var format string
+	register(&command{
+		name:    "status",
+		args:    "[--format table|json]",
+		short:   "host, containerd, snapshotter, CRIU and totals (containers, memory files, family memory)",
+		example: "  lazyfork status\n  lazyfork status --format json",
+		flags:   func(fs *flag.FlagSet) { fs.StringVar(&format, "format", "table", "table or json") },
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			s := statusReport{Address: a.g.address, Namespace: a.g.namespace, Root: a.g.root}
+			s.Host, _ = os.Hostname()
+			var u unix.Utsname
+			if unix.Uname(&u) == nil {
+				s.Kernel = unix.ByteSliceToString(u.Release[:])
+			}
+			if v, err := a.cd.Version(a.ctx); err == nil {
+				s.Containerd = v.Version
+			} else {
+				s.Containerd = "unreachable: " + err.Error()
+			}
+			s.Snapshotter = "absent (overlayfs is used)"
+			if a.hasSnapshotter(snapclient.SnapshotterName) {
+				s.Snapshotter = snapclient.SnapshotterName + " (proxy plugin)"
+			}
+			s.CRIU = "not found"
+			if out, err := exec.Command("criu", "--version").Output(); err == nil {
+				s.CRIU = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+			}
+			rows, err := a.rows()
+			if err != nil {
+				return err
+			}
+			s.Containers = len(rows)
+			for _, r := range rows {
+				switch r.State {
+				case "running", "paused":
+					s.Running++
+				case "stopped":
+					s.Stopped++
+				}
+				s.FamilyMem += r.Memory
+			}
+			fams, err := a.lf.Families()
+			if err != nil {
+				return err
+			}
+			s.Families = len(fams)
+			for _, f := range fams {
+				s.MemFiles += len(f.Files)
+				s.MemBytes += f.Bytes
+			}
+			s.FamilyMem += s.MemBytes
+			if format == "json" {
+				return writeJSON(a, s)
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			for _, kv := range [][2]string{
+				{"host", s.Host + " (kernel " + s.Kernel + ")"},
+				{"containerd", s.Containerd + " at " + s.Address + ", namespace " + s.Namespace},
+				{"snapshotter", s.Snapshotter},
+				{"criu", s.CRIU},
+				{"root", s.Root},
+				{"containers", fmt.Sprintf("%d (%d running, %d stopped)", s.Containers, s.Running, s.Stopped)},
+				{"memory files", fmt.Sprintf("%d in %d families, %s", s.MemFiles, s.Families, human(s.MemBytes))},
+				{"family memory", human(s.FamilyMem) + " (memory files + containers' cgroups)"},
+			} {
+				fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+			}
+			return tw.Flush()
+		},
+	})
+}

@@ -1,0 +1,31 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+)
+
+func init() {
+	register(&command{
+		name:  "stop",
+		args:  "NAME",
+		short: "snapshot a container, then end its process (it stays forkable and holds no process memory)",
+		example: `  lazyfork stop counter
+  lazyfork fork counter --name again    # restores from the snapshot`,
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 1, "NAME"); err != nil {
+				return err
+			}
+			id, err := a.resolve(pos[0])
+			if err != nil {
+				return err
+			}
+			snap, err := a.lf.Stop(a.ctx, id)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "%s stopped (snapshot %s)\n", id, snap)
+			return nil
+		},
+	})
+}
