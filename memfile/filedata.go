@@ -11,6 +11,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	remap "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"github.com/lazyfork/lazyfork/criuimg"
 	"golang.org/x/sys/unix"
 )
@@ -45,14 +46,15 @@ type fileCheck struct {
 
 // initFileCheck prepares the checks when RewriteOptions.FileRoot is set.
 func (rw *rewriter) initFileCheck() error {
-	root, err := os.Open(rw.opts.FileRoot)
-	if err != nil {
-		return fmt.Errorf("file root: %w", err)
+	if !filepath.IsAbs(rw.opts.FileRoot) {
+		return fmt.Errorf("FileRoot %q must be an absolute path: %w", rw.opts.FileRoot, errdefs.ErrInvalidArgument)
 	}
-	st, err := root.Stat()
-	if err != nil || !st.IsDir() {
-		root.Close()
-		return fmt.Errorf("file root %s is not a directory: %w", rw.opts.FileRoot, errdefs.ErrInvalidArgument)
+	// A root that is gone (a container's rootfs unmounted after a dump that
+	// stopped it) only means no file mapping is converted.
+	root, err := os.OpenFile(rw.opts.FileRoot, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		log.L.WithError(err).Warn("memfile: file root unusable, .data mappings stay file mappings")
+		return nil
 	}
 	fc := &fileCheck{root: root, entries: map[uint32]*fdinfo.FileEntry{}, remapped: map[uint32]bool{},
 		rootMnt: -1, bases: map[uint32]*fileBase{}}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"github.com/lazyfork/lazyfork/criuimg"
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/testutil"
@@ -230,6 +231,13 @@ func TestFileDataChanged(t *testing.T) {
 	edit := bytes.Repeat([]byte{0xEE}, 4096)
 	writeAt(t, bin, edit, at)
 
+	// A relative root is refused, and leaves the image as it was.
+	if _, err := e.store.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: e.family, MapDir: e.famDir, FileRoot: "rel"}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("rewrite with a relative FileRoot: %v, expected invalid argument", err)
+	}
+	if _, err := memfile.ReadSnapshot(dir); !errdefs.IsNotFound(err) {
+		t.Fatalf("failed rewrite left a snapshot: %v", err)
+	}
 	res := e.rewriteFiles(dir)
 	if n := imagePagesOf(t, dir, bin); n < dataDirty {
 		t.Fatalf("the edited file's .data was converted: %d of its pages left in the image (rewrite %+v)", n, res)
