@@ -170,7 +170,7 @@ func convertible(v *vma.VmaEntry) bool {
 // fileDataCandidate reports whether a VMA is a private file mapping of the
 // kind whose dirty pages can move into a memory file: a program's or
 // library's .data (writable, not executable, a plain regular mapping).
-// Whether its file may be read is checked separately (checkFileBase).
+// Whether its file may be read is checked separately (fileCheck.base).
 func fileDataCandidate(v *vma.VmaEntry) bool {
 	st, fl, prot := v.GetStatus(), v.GetFlags(), v.GetProt()
 	if st&vmaAreaRegular == 0 || st&vmaFilePrivate == 0 || st&(vmaSpecial|vmaAnonPrivate|vmaAnonShared|vmaFileShared) != 0 {
