@@ -1,0 +1,164 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/lazyfork/lazyfork/hook"
+	"github.com/lazyfork/lazyfork/integration/harness"
+)
+
+// buildAgent builds examples/agent statically (it runs in busybox).
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "agent")
+	cmd := exec.Command("go", "build", "-o", out, "./examples/agent")
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build agent: %v\n%s", err, b)
+	}
+	return out
+}
+
+// countLines counts lines of a task log matching re.
+func countLines(t *testing.T, path string, re *regexp.Regexp) int {
+	t.Helper()
+	lines, err := harness.ReadLines(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range lines {
+		if re.MatchString(l) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestHook: a container with a hook hears QUIESCE before every snapshot of it
+// (forks, forks of forks, stop) and every restored copy hears RESEED with its
+// own id, then draws its own random numbers.
+func TestHook(t *testing.T) {
+	e := startLF(t, harness.Options{})
+	ctx := e.ctx(t)
+	agent := buildAgent(t)
+	img, err := e.ImportImage(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hookDir, err := os.MkdirTemp("", "lfhook-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(hookDir) })
+	id := "hk-" + lfRandom(4)
+	if err := os.MkdirAll(filepath.Join(hookDir, id), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctr, err := e.NewContainer(ctx, id, harness.ContainerConfig{
+		Image: img, Runtime: lfRuntime, Args: []string{"/agent", "--interval", "50ms"},
+		SpecOpts: []oci.SpecOpts{
+			oci.WithMounts([]specs.Mount{
+				{Destination: "/agent", Type: "bind", Source: agent, Options: []string{"rbind", "ro"}},
+				{Destination: hook.ContainerDir, Type: "bind", Source: filepath.Join(hookDir, id), Options: []string{"rbind", "rw"}},
+			}),
+			oci.WithEnv([]string{hook.EnvSocket + "=" + hook.ContainerDir + "/" + hook.SocketName, "HOSTNAME=" + id}),
+		},
+		ContainerOpts: []containerd.NewContainerOpts{containerd.WithAdditionalContainerLabels(map[string]string{hook.Label: hookDir})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.StartTask(ctx, ctr); err != nil {
+		t.Fatal(err)
+	}
+	tickRe := regexp.MustCompile(`^tick \d+ id=`)
+	waitFor := func(cid string, re *regexp.Regexp) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if _, err := harness.WaitLine(wctx, e.TaskLogPath(cid), 0, re.MatchString); err != nil {
+			b, _ := os.ReadFile(e.TaskLogPath(cid))
+			t.Fatalf("%s: no line %v: %v\n%s", cid, re, err, b)
+		}
+	}
+	waitFor(id, tickRe)
+	quiesce := regexp.MustCompile(`^quiesce$`)
+	lf := e.lfClient()
+
+	res, err := lf.Fork(ctx, id, 2, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countLines(t, e.TaskLogPath(id), quiesce); n != 1 {
+		t.Errorf("parent heard QUIESCE %d times for one snapshot", n)
+	}
+	rands := map[string]string{}
+	for _, f := range res.Forks {
+		fid := f.Container.ID()
+		// RESEED came back OK before Fork returned: the line is in the log.
+		if n := countLines(t, e.TaskLogPath(fid), regexp.MustCompile(`^reseed id=`+regexp.QuoteMeta(fid)+` seed=\d+$`)); n != 1 {
+			b, _ := os.ReadFile(e.TaskLogPath(fid))
+			t.Errorf("fork %s heard RESEED with its id %d times:\n%s", fid, n, b)
+		}
+		own := regexp.MustCompile(`^tick \d+ id=` + regexp.QuoteMeta(fid) + ` rand=`)
+		waitFor(fid, own)
+		l, _ := harness.WaitLine(ctx, e.TaskLogPath(fid), 0, own.MatchString)
+		rands[fid] = l[strings.Index(l, "rand="):]
+		if _, err := os.Stat(hook.HostSocket(hookDir, fid)); err != nil {
+			t.Errorf("fork %s has no hook socket of its own: %v", fid, err)
+		}
+	}
+	if len(rands) == 2 && rands[res.Forks[0].Container.ID()] == rands[res.Forks[1].Container.ID()] {
+		t.Errorf("two reseeded forks drew the same number: %v", rands)
+	}
+
+	// A fork of a fork: the fork quiesces, the grandchild reseeds.
+	child := res.Forks[0].Container.ID()
+	gres, err := lf.Fork(ctx, child, 1, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countLines(t, e.TaskLogPath(child), quiesce); n != 1 {
+		t.Errorf("fork %s heard QUIESCE %d times for one snapshot", child, n)
+	}
+	gid := gres.Forks[0].Container.ID()
+	if n := countLines(t, e.TaskLogPath(gid), regexp.MustCompile(`^reseed id=`+regexp.QuoteMeta(gid)+` `)); n != 1 {
+		t.Errorf("grandchild %s heard RESEED with its id %d times", gid, n)
+	}
+
+	// Stop snapshots (QUIESCE again); a fork of the stopped parent reseeds.
+	if _, err := lf.Stop(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if n := countLines(t, e.TaskLogPath(id), quiesce); n != 2 {
+		t.Errorf("parent heard QUIESCE %d times for two snapshots", n)
+	}
+	sres, err := lf.Fork(ctx, id, 1, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := sres.Forks[0].Container.ID()
+	if n := countLines(t, e.TaskLogPath(sid), regexp.MustCompile(`^reseed id=`+regexp.QuoteMeta(sid)+` `)); n != 1 {
+		t.Errorf("fork %s of the stopped parent heard RESEED with its id %d times", sid, n)
+	}
+	if err := lf.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}
