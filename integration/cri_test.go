@@ -155,19 +155,29 @@ func TestCRICheckpointForkPod(t *testing.T) {
 	}
 
 	snapshots := filepath.Join(c.Root, "snapshots")
-	// Bad annotations: clear errors, nothing left.
+	// Bad annotations: CRI creates containers without the runtime, so the
+	// error comes at StartContainer (kubelet then removes the container and
+	// retries); it names the annotation and LazyFork leaves nothing behind.
 	for _, bad := range []string{"/nonexistent/snapshot", archiveDir, writeGarbage(t, archiveDir)} {
 		bp := c.runPod(t, ctx, "bad", true, map[string]string{"lazyfork.io/fork-of": bad})
-		_, err := c.create(ctx, bp, bp.containerConfig("counter", harness.PythonImage, workloads.CounterArgs(64), nil))
-		if err == nil || !strings.Contains(err.Error(), "lazyfork.io/fork-of") {
-			t.Errorf("fork-of %s: %v, want a CRI error naming the annotation", bad, err)
+		id, err := c.create(ctx, bp, bp.containerConfig("counter", harness.PythonImage, workloads.CounterArgs(64), nil))
+		if err != nil {
+			t.Fatalf("CreateContainer: %v", err)
 		}
-		l, _ := c.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: bp.id}})
-		if len(l.GetContainers()) != 0 {
-			t.Errorf("fork-of %s left containers %v", bad, l.Containers)
+		_, err = c.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id})
+		if err == nil || !strings.Contains(err.Error(), "lazyfork.io/fork-of") {
+			t.Errorf("fork-of %s: StartContainer %v, want a CRI error naming the annotation", bad, err)
+		}
+		t.Logf("fork-of %s: StartContainer: %v", bad, err)
+		if st, err := c.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id}); err != nil ||
+			st.Status.State == runtimeapi.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("fork-of %s: container %v %v, want not running", bad, st, err)
 		}
 		if ents, _ := os.ReadDir(snapshots); len(ents) != 0 {
 			t.Errorf("fork-of %s left %v in %s", bad, ents, snapshots)
+		}
+		if pids := harness.ShimPIDs(c.Address); len(pids) != 2 { // the parent's pod and the bad pod's sandbox
+			t.Errorf("fork-of %s: shims %v, want 2", bad, pids)
 		}
 		c.stopRemove(t, ctx, bp)
 	}
