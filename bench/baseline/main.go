@@ -225,7 +225,7 @@ func (r *result) median(f func(*round) time.Duration) (med, lo, hi time.Duration
 	for _, d := range ds {
 		lo = min(lo, d)
 	}
-	return ctrbench.Median(ds), lo, ctrbench.Max(ds)
+	return report.Median(ds), lo, report.Max(ds)
 }
 
 func secs(med, lo, hi time.Duration, runs int) string {
@@ -260,8 +260,8 @@ func (r *result) print() {
 	t.Add("restore 1 copy", secs(med, lo, hi, runs), report.MB(last.oneMem),
 		fmt.Sprintf("task create -> running (last run: create %.3f s, start %.3f s)", last.one.Create.Seconds(), last.one.Run.Seconds()))
 	med, lo, hi = r.median(func(rd *round) time.Duration { return rd.manyWall })
-	pmed, _, _ := r.median(func(rd *round) time.Duration { return ctrbench.Median(restoreTimes(rd.many)) })
-	pmax, _, _ := r.median(func(rd *round) time.Duration { return ctrbench.Max(restoreTimes(rd.many)) })
+	pmed, _, _ := r.median(func(rd *round) time.Duration { return report.Median(restoreTimes(rd.many)) })
+	pmax, _, _ := r.median(func(rd *round) time.Duration { return report.Max(restoreTimes(rd.many)) })
 	t.Add(fmt.Sprintf("restore %d copies at once", r.copies), secs(med, lo, hi, runs)+" wall",
 		fmt.Sprintf("%s total", report.MB(total)),
 		fmt.Sprintf("per copy: median %.3f s, max %.3f s", pmed.Seconds(), pmax.Seconds()))

@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/lazyfork/lazyfork/bench/internal/ctrbench"
 	"github.com/lazyfork/lazyfork/bench/internal/plot"
+	"github.com/lazyfork/lazyfork/bench/internal/report"
 )
 
 // plot draws the run: median times of the checkpoint and restores, and the
@@ -25,7 +25,7 @@ func (r *result) plot(path string) error {
 			med(func(rd *round) time.Duration { return rd.ckpt }),
 			med(func(rd *round) time.Duration { return rd.one.Restore }),
 			med(func(rd *round) time.Duration { return rd.manyWall }),
-			med(func(rd *round) time.Duration { return ctrbench.Median(restoreTimes(rd.many)) }),
+			med(func(rd *round) time.Duration { return report.Median(restoreTimes(rd.many)) }),
 		}}},
 	}
 	last := r.rounds[len(r.rounds)-1]

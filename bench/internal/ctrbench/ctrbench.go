@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"sort"
 	"sync"
 	"time"
 
@@ -231,26 +230,4 @@ func (e *Env) RestoreCopies(ctx context.Context, parent client.Container, imageD
 		c.FirstTick = first
 	}
 	return copies, wall, nil
-}
-
-// Median of ds (0 for none).
-func Median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// Max of ds.
-func Max(ds []time.Duration) time.Duration {
-	var m time.Duration
-	for _, d := range ds {
-		m = max(m, d)
-	}
-	return m
 }

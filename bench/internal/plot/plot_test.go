@@ -40,3 +40,20 @@ func TestWritePNG(t *testing.T) {
 		t.Errorf("size %v", b)
 	}
 }
+
+// Log axes leave out what they cannot show (zero, negative) and a legend below
+// makes the image taller by a line a series.
+func TestLogAxesLegendBelow(t *testing.T) {
+	p := Panel{LogX: true, LogY: true, LegendBelow: true, XTickLabel: func(x float64) string { return short(x) + " MIB" },
+		Series: []Series{
+			{Name: "solid", X: []float64{64, 256, 1024}, Y: []float64{0.01, 0, 3}},
+			{Name: "dashed", X: []float64{64, 256, 1024}, Y: []float64{2e-5, 1e-3, -1}, Dashed: true},
+		}}
+	img := Render("log", p)
+	if b := img.Bounds(); b.Dy() != panelH+50+2*legendLine+8 {
+		t.Errorf("size %v", b)
+	}
+	if got := short(2e-5); got != "2e-05" {
+		t.Errorf("short(2e-5) = %q", got)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -170,3 +171,31 @@ func (m Measurements) Table() *Table {
 
 // MB formats bytes as decimal megabytes with one decimal.
 func MB(b int64) string { return strconv.FormatFloat(float64(b)/1e6, 'f', 1, 64) + " MB" }
+
+// Number is what Median and Max take: durations, byte counts, float figures.
+type Number interface{ ~int64 | ~float64 }
+
+// Median of vs (0 for none); the mean of the two middle values for an even
+// count.
+func Median[T Number](vs []T) T {
+	if len(vs) == 0 {
+		return 0
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Max of vs (0 for none).
+func Max[T Number](vs []T) T {
+	var m T
+	for i, v := range vs {
+		if i == 0 || v > m {
+			m = v
+		}
+	}
+	return m
+}

@@ -36,3 +36,18 @@ func TestTableCSVAndPrint(t *testing.T) {
 		t.Errorf("print:\n%s", out.String())
 	}
 }
+
+func TestMedianMax(t *testing.T) {
+	if m := Median([]time.Duration{3, 1, 2}); m != 2 {
+		t.Errorf("odd median %v", m)
+	}
+	if m := Median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("even median %v", m)
+	}
+	if m := Median[float64](nil); m != 0 {
+		t.Errorf("empty median %v", m)
+	}
+	if m := Max([]int64{-5, -2, -9}); m != -2 {
+		t.Errorf("max %v", m)
+	}
+}
