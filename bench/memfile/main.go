@@ -15,7 +15,6 @@ package main
 
 import (
 	"context"
-	"encoding/csv"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,12 +23,11 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/lazyfork/lazyfork/bench/internal/report"
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
 	"github.com/lazyfork/lazyfork/internal/workloads"
@@ -139,9 +137,6 @@ func run(ctx context.Context, c *config) error {
 		rows = append(rows, m, p)
 	}
 	printTable(os.Stdout, rows)
-	if err := os.MkdirAll(c.out, 0o755); err != nil {
-		return err
-	}
 	if err := writeCSV(filepath.Join(c.out, "memfile.csv"), rows); err != nil {
 		return err
 	}
@@ -237,7 +232,7 @@ func restores(ctx context.Context, c *config, l *memloop.Loop, img, outDir strin
 			return err
 		}
 	}
-	r.Restore1, r.Restore1CRIU = median(singles), median(criuTimes)
+	r.Restore1, r.Restore1CRIU = report.Median(singles), report.Median(criuTimes)
 
 	n := c.copies
 	if r.Mode == "plain" && r.HeapMiB > c.plainMultiMB {
@@ -283,12 +278,6 @@ func restores(ctx context.Context, c *config, l *memloop.Loop, img, outDir strin
 		}
 	}
 	return l.Kill(cs...)
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2]
 }
 
 func meanMem(cs []*memloop.Copy) (criurun.Mem, error) {
@@ -410,8 +399,9 @@ func gibps(b int64, d time.Duration) float64 {
 }
 
 func printTable(w io.Writer, rows []row) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "heap MiB\tmode\tdump ms\timage MiB\trewrite GiB/s\tcp GiB/s\tratio\trestore 1 ms\tcriu's own\tpages\tN at once: wall ms\tmean ms\tcopies\tRssAnon MiB\tPss MiB\tRssShmem MiB\tRssAnon 5s\tPss 5s\tRssShmem 5s\t")
+	t := &report.Table{Columns: []string{"heap MiB", "mode", "dump ms", "image MiB", "rewrite GiB/s", "cp GiB/s", "ratio",
+		"restore 1 ms", "criu's own", "pages", "N at once: wall ms", "mean ms", "copies", "RssAnon MiB", "Pss MiB",
+		"RssShmem MiB", "RssAnon 5s", "Pss 5s", "RssShmem 5s"}}
 	for _, r := range rows {
 		rw, cp, ratio := "-", "-", "-"
 		if r.Mode == "memfile" {
@@ -421,12 +411,12 @@ func printTable(w io.Writer, rows []row) {
 				ratio = fmt.Sprintf("%.2f", a/b)
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.HeapMiB, r.Mode, ms(r.Dump),
-			mibs(r.ImageBytes), rw, cp, ratio, ms(r.Restore1), ms(r.Restore1CRIU), r.PagesRestored, ms(r.Restore10Wall), ms(r.Restore10Mean), r.MemCopies,
+		t.Add(r.HeapMiB, r.Mode, ms(r.Dump), mibs(r.ImageBytes), rw, cp, ratio, ms(r.Restore1), ms(r.Restore1CRIU),
+			r.PagesRestored, ms(r.Restore10Wall), ms(r.Restore10Mean), r.MemCopies,
 			mibs(r.After.RssAnon), mibs(r.After.Pss), mibs(r.After.RssShmem),
 			mibs(r.After5s.RssAnon), mibs(r.After5s.Pss), mibs(r.After5s.RssShmem))
 	}
-	tw.Flush()
+	t.Print(w)
 	for _, r := range rows {
 		if r.Note != "" {
 			fmt.Fprintf(w, "note (%d MiB): %s\n", r.HeapMiB, r.Note)
@@ -435,15 +425,9 @@ func printTable(w io.Writer, rows []row) {
 }
 
 func writeCSV(path string, rows []row) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	cw := csv.NewWriter(f)
-	cw.Write([]string{"heap_mib", "mode", "dump_ms", "image_bytes", "rewrite_ms", "rewrite_bytes", "rewrite_gibps",
+	t := &report.Table{Columns: []string{"heap_mib", "mode", "dump_ms", "image_bytes", "rewrite_ms", "rewrite_bytes", "rewrite_gibps",
 		"copy_ms", "copy_bytes", "copy_gibps", "rewrite_vs_copy", "restore1_ms", "restore1_criu_ms", "pages_restored", "restore10_wall_ms", "restore10_mean_ms",
-		"restore10_max_ms", "mem_copies", "rss_anon_kb", "pss_kb", "rss_shmem_kb", "rss_anon_5s_kb", "pss_5s_kb", "rss_shmem_5s_kb", "note"})
+		"restore10_max_ms", "mem_copies", "rss_anon_kb", "pss_kb", "rss_shmem_kb", "rss_anon_5s_kb", "pss_5s_kb", "rss_shmem_5s_kb", "note"}}
 	f64 := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 2, 64) }
 	kb := func(b int64) string { return strconv.FormatInt(b>>10, 10) }
 	for _, r := range rows {
@@ -452,18 +436,14 @@ func writeCSV(path string, rows []row) error {
 		if a > 0 && b > 0 {
 			ratio = strconv.FormatFloat(a/b, 'f', 3, 64)
 		}
-		cw.Write([]string{strconv.Itoa(r.HeapMiB), r.Mode, f64(r.Dump), strconv.FormatInt(r.ImageBytes, 10),
+		t.Rows = append(t.Rows, []string{strconv.Itoa(r.HeapMiB), r.Mode, f64(r.Dump), strconv.FormatInt(r.ImageBytes, 10),
 			f64(r.Rewrite), strconv.FormatInt(r.RewriteBytes, 10), strconv.FormatFloat(a, 'f', 3, 64),
 			f64(r.CopyTime), strconv.FormatInt(r.CopyBytes, 10), strconv.FormatFloat(b, 'f', 3, 64), ratio,
 			f64(r.Restore1), f64(r.Restore1CRIU), strconv.FormatUint(r.PagesRestored, 10), f64(r.Restore10Wall), f64(r.Restore10Mean), f64(r.Restore10Max), strconv.Itoa(r.MemCopies),
 			kb(r.After.RssAnon), kb(r.After.Pss), kb(r.After.RssShmem), kb(r.After5s.RssAnon), kb(r.After5s.Pss),
 			kb(r.After5s.RssShmem), r.Note})
 	}
-	cw.Flush()
-	if err := errors.Join(cw.Error(), f.Close()); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return t.WriteCSV(path)
 }
 
 // printTargets compares the run with the targets of the memfile issue.
