@@ -10,23 +10,21 @@ package main
 
 import (
 	"context"
-	"encoding/csv"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/continuity/fs"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/bench/internal/report"
 	"github.com/lazyfork/lazyfork/snapshotter"
 	"github.com/lazyfork/lazyfork/snapshotter/client"
 )
@@ -94,9 +92,6 @@ func main() {
 		}
 	}
 	printTable(os.Stdout, results)
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		fatal(err)
-	}
 	if err := writeCSV(filepath.Join(*out, "snapshotter.csv"), results); err != nil {
 		fatal(err)
 	}
@@ -397,13 +392,14 @@ func committedDir(ctx context.Context, s *snapshotter.Snapshotter, name string) 
 }
 
 func printTable(w io.Writer, rs []result) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "fs\tupper\tmethod\tdata moved by\tforks\tfreeze (s)\tof it running (s)\tprepare/fork (s)\ttotal/fork (s)\tparent frozen (s)\tdu of forks\tfs used +\t")
+	t := &report.Table{Columns: []string{"fs", "upper", "method", "data moved by", "forks", "freeze (s)", "of it running (s)",
+		"prepare/fork (s)", "total/fork (s)", "parent frozen (s)", "du of forks", "fs used +"}}
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.4f\t%.4f\t%.6f\t%.4f\t%.4f\t%s\t%s\t\n", r.FS, human(r.SizeBytes), r.Method, r.Mechanism, r.Forks,
-			r.FreezeSec, r.BulkSec, r.PrepareSec, r.PerForkSec, r.ParentPause, humanBytes(r.DiskBytes), humanBytes(r.FSUsedDelta))
+		t.Add(r.FS, human(r.SizeBytes), r.Method, r.Mechanism, r.Forks, fmt.Sprintf("%.4f", r.FreezeSec), fmt.Sprintf("%.4f", r.BulkSec),
+			fmt.Sprintf("%.6f", r.PrepareSec), fmt.Sprintf("%.4f", r.PerForkSec), fmt.Sprintf("%.4f", r.ParentPause),
+			humanBytes(r.DiskBytes), humanBytes(r.FSUsedDelta))
 	}
-	tw.Flush()
+	t.Print(w)
 }
 
 func humanBytes(n int64) string {
@@ -421,29 +417,16 @@ func humanBytes(n int64) string {
 }
 
 func writeCSV(path string, rs []result) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	w.Write([]string{"fs", "upper_bytes", "method", "mechanism", "forks", "freeze_s", "freeze_running_s", "prepare_per_fork_s", "total_per_fork_s", "parent_frozen_s", "du_bytes", "fs_used_delta_bytes", "runs"})
+	t := &report.Table{Columns: []string{"fs", "upper_bytes", "method", "mechanism", "forks", "freeze_s", "freeze_running_s",
+		"prepare_per_fork_s", "total_per_fork_s", "parent_frozen_s", "du_bytes", "fs_used_delta_bytes", "runs"}}
 	for _, r := range rs {
-		w.Write([]string{
+		t.Rows = append(t.Rows, []string{
 			r.FS, strconv.FormatInt(r.SizeBytes, 10), r.Method, r.Mechanism, strconv.Itoa(r.Forks),
 			fmt.Sprintf("%.6f", r.FreezeSec), fmt.Sprintf("%.6f", r.BulkSec), fmt.Sprintf("%.6f", r.PrepareSec), fmt.Sprintf("%.6f", r.PerForkSec),
 			fmt.Sprintf("%.6f", r.ParentPause), strconv.FormatInt(r.DiskBytes, 10), strconv.FormatInt(r.FSUsedDelta, 10), strconv.Itoa(r.Runs),
 		})
 	}
-	w.Flush()
-	if err := w.Error(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return t.WriteCSV(path)
 }
 
 func fsType(dir string) string {
@@ -510,8 +493,7 @@ func medians(runs [][]result) []result {
 			for j, r := range runs {
 				vs[j] = get(r[i])
 			}
-			sort.Float64s(vs)
-			return vs[len(vs)/2]
+			return report.Median(vs)
 		}
 		out[i].FreezeSec = f(func(r result) float64 { return r.FreezeSec })
 		out[i].BulkSec = f(func(r result) float64 { return r.BulkSec })

@@ -89,7 +89,8 @@ func Render(title string, panels ...Panel) *image.RGBA {
 			extra = max(extra, legendLine*len(p.Series)+8)
 		}
 	}
-	img := image.NewRGBA(image.Rect(0, 0, 20+n*panelW, panelH+50+extra))
+	w := max(20+n*panelW, 40+textWidth(title, 3)) // a long title widens the image
+	img := image.NewRGBA(image.Rect(0, 0, w, panelH+50+extra))
 	fillRect(img, img.Bounds(), white)
 	drawText(img, 20, 14, 3, black, title)
 	for i, p := range panels {
