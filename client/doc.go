@@ -1,6 +1,22 @@
 // Package client forks running containers through containerd and LazyFork's
 // shim (runtime io.containerd.lazyfork.v1).
 //
+// # The SDK in five calls
+//
+//	c, err := client.Connect("/run/containerd/containerd.sock", "default")
+//	defer c.Close()
+//	agent, err := c.Container(ctx, "agent")   // name, id or unique id prefix
+//	forks, err := agent.Fork(ctx, 10)         // ten running copies
+//	defer forks.Close()                       // deletes them all
+//	out, err := forks[0].Exec(ctx, "hostname") // its stdout
+//	more, err := forks[0].Fork(ctx, 2)        // forks fork again
+//
+// Stop snapshots a container and ends its process; Fork of a stopped
+// container restores from that snapshot. Delete removes one container (its
+// forks keep running). A container labelled lazyfork.io/hook (package hook)
+// hears QUIESCE before each snapshot and every fork RESEED <its id> after
+// its restore.
+//
 // # A fork, step by step
 //
 //	c := client.New(containerdClient, client.WithRoot("/run/lazyfork"))

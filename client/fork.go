@@ -43,7 +43,7 @@ type forkConfig struct {
 // <family>-<random>.
 func WithIDs(ids ...string) ForkOpt { return func(c *forkConfig) { c.ids = ids } }
 
-// WithIO gives each fork's task its stdio; by default forks get none (cio.NullIO).
+// WithIO gives each fork's task its stdio; by default output is discarded (see discardIO).
 func WithIO(f func(id string) cio.Creator) ForkOpt { return func(c *forkConfig) { c.io = f } }
 
 // KeepSnapshot keeps the snapshot directory after the forks run (Result.Snapshot),
@@ -106,7 +106,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: %d ids for %d forks: %w", parentID, len(cfg.ids), n, errdefs.ErrInvalidArgument)
 	}
 	if cfg.io == nil {
-		cfg.io = func(string) cio.Creator { return cio.NullIO }
+		cfg.io = discardIO
 	}
 	// The lease keeps the forks' fresh snapshots from containerd's GC until
 	// their containers reference them.
@@ -222,7 +222,7 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 		return nil, fmt.Errorf("restore forks of %s: n = %d, %d ids: %w", parentID, n, len(cfg.ids), errdefs.ErrInvalidArgument)
 	}
 	if cfg.io == nil {
-		cfg.io = func(string) cio.Creator { return cio.NullIO }
+		cfg.io = discardIO
 	}
 	ctx, done, err := c.cd.WithLease(ctx)
 	if err != nil {
@@ -522,3 +522,9 @@ func forkCgroupsPath(p, parentID, id string) string {
 		return filepath.Join(filepath.Dir(p), id)
 	}
 }
+
+// discardIO is a fork's stdio by default: pipes the shim drains into
+// /dev/null. Not cio.NullIO: a process whose stdout is the host's /dev/null
+// cannot be checkpointed (CRIU: "Can't lookup mount ... path=/dev/null"), so
+// such a fork could not fork again.
+func discardIO(string) cio.Creator { return cio.LogFile("/dev/null") }
