@@ -16,23 +16,21 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/csv"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/allocators"
+	"github.com/lazyfork/lazyfork/bench/internal/report"
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
@@ -121,16 +119,13 @@ func main() {
 	printRows(os.Stdout, rows, *watch)
 	fmt.Println()
 	printCosts(os.Stdout, costs)
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		fatal(err)
-	}
 	if err := writeRows(filepath.Join(*out, "allocators.csv"), rows); err != nil {
 		fatal(err)
 	}
 	if err := writeCosts(filepath.Join(*out, "allocators-madvise.csv"), costs); err != nil {
 		fatal(err)
 	}
-	if err := plot(filepath.Join(*out, "allocators.png"), rows); err != nil {
+	if err := writePlot(filepath.Join(*out, "allocators.png"), rows); err != nil {
 		fatal(err)
 	}
 	fmt.Printf("\nwrote %s, %s and %s\n", filepath.Join(*out, "allocators.csv"),
@@ -197,48 +192,29 @@ func runConfig(ctx context.Context, store *memfile.Store, bins map[string]string
 func mb(n int64) float64 { return float64(n) / (1 << 20) }
 
 func printRows(w io.Writer, rows []row, watch time.Duration) {
-	fmt.Fprintf(w, "Allocators in memory-file forks: %v of churn, memory at the end (MiB)\n", watch)
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "allocator\tmode\tprocess\tops/s\tcallocs\tbad calloc\tbad pattern\tRssAnon\tPss\tRssShmem\tzeroed\tus/zero\t")
+	t := &report.Table{Title: fmt.Sprintf("Allocators in memory-file forks: %v of churn, memory at the end (MiB)", watch),
+		Columns: []string{"allocator", "mode", "process", "ops/s", "callocs", "bad calloc", "bad pattern", "RssAnon", "Pss", "RssShmem", "zeroed", "us/zero"}}
 	for _, r := range rows {
 		ops := 0.0
 		if r.Seconds > 0 {
 			ops = float64(r.Ops) / r.Seconds
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%d\t%.1f\t\n", r.Alloc, r.Mode, r.Role, ops,
-			r.Callocs, r.BadCalloc, r.BadPat, mb(r.Mem.RssAnon), mb(r.Mem.Pss), mb(r.Mem.RssShmem), r.Zeroed, r.UsPerStop)
+		t.Add(r.Alloc, r.Mode, r.Role, fmt.Sprintf("%.0f", ops), r.Callocs, r.BadCalloc, r.BadPat,
+			fmt.Sprintf("%.1f", mb(r.Mem.RssAnon)), fmt.Sprintf("%.1f", mb(r.Mem.Pss)), fmt.Sprintf("%.1f", mb(r.Mem.RssShmem)),
+			r.Zeroed, fmt.Sprintf("%.1f", r.UsPerStop))
 	}
-	tw.Flush()
+	t.Print(w)
 }
 
 func writeRows(path string, rows []row) error {
-	var recs [][]string
-	recs = append(recs, []string{"allocator", "mode", "process", "seconds", "ops", "callocs", "bad_calloc", "bad_pattern",
-		"rss_anon_bytes", "pss_bytes", "rss_shmem_bytes", "zeroed", "refused", "us_per_zero"})
+	t := &report.Table{Columns: []string{"allocator", "mode", "process", "seconds", "ops", "callocs", "bad_calloc", "bad_pattern",
+		"rss_anon_bytes", "pss_bytes", "rss_shmem_bytes", "zeroed", "refused", "us_per_zero"}}
 	for _, r := range rows {
-		recs = append(recs, []string{r.Alloc, r.Mode, r.Role, fmt.Sprint(r.Seconds), fmt.Sprint(r.Ops), fmt.Sprint(r.Callocs),
+		t.Rows = append(t.Rows, []string{r.Alloc, r.Mode, r.Role, fmt.Sprint(r.Seconds), fmt.Sprint(r.Ops), fmt.Sprint(r.Callocs),
 			fmt.Sprint(r.BadCalloc), fmt.Sprint(r.BadPat), fmt.Sprint(r.Mem.RssAnon), fmt.Sprint(r.Mem.Pss),
 			fmt.Sprint(r.Mem.RssShmem), fmt.Sprint(r.Zeroed), fmt.Sprint(r.Refused), fmt.Sprintf("%.2f", r.UsPerStop)})
 	}
-	return writeCSV(path, recs)
-}
-
-func writeCSV(path string, recs [][]string) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	w.WriteAll(recs)
-	if err := w.Error(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return t.WriteCSV(path)
 }
 
 // measureCosts times madvise(MADV_DONTNEED) in the probe: in its original,
@@ -346,32 +322,22 @@ func probeCostAfter(path string, skip, n int) (float64, string, float64, error) 
 	if len(ins) > n {
 		ins, outs = ins[len(ins)-n:], outs[len(outs)-n:]
 	}
-	return median(ins), res, median(outs), nil
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
+	return report.Median(ins), res, report.Median(outs), nil
 }
 
 func printCosts(w io.Writer, cs []cost) {
-	fmt.Fprintln(w, "madvise(MADV_DONTNEED) of one written 4 KiB page, median of 10 x 100 calls")
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "process\tmode\trange\treturns\tns/call\t")
+	t := &report.Table{Title: "madvise(MADV_DONTNEED) of one written 4 KiB page, median of 10 x 100 calls",
+		Columns: []string{"process", "mode", "range", "returns", "ns/call"}}
 	for _, c := range cs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f\t\n", c.Where, c.Mode, c.Range, c.Result, c.NsPerOp)
+		t.Add(c.Where, c.Mode, c.Range, c.Result, fmt.Sprintf("%.0f", c.NsPerOp))
 	}
-	tw.Flush()
+	t.Print(w)
 }
 
 func writeCosts(path string, cs []cost) error {
-	recs := [][]string{{"process", "mode", "range", "returns", "ns_per_call"}}
+	t := &report.Table{Columns: []string{"process", "mode", "range", "returns", "ns_per_call"}}
 	for _, c := range cs {
-		recs = append(recs, []string{c.Where, c.Mode, c.Range, c.Result, fmt.Sprintf("%.0f", c.NsPerOp)})
+		t.Rows = append(t.Rows, []string{c.Where, c.Mode, c.Range, c.Result, fmt.Sprintf("%.0f", c.NsPerOp)})
 	}
-	return writeCSV(path, recs)
+	return t.WriteCSV(path)
 }

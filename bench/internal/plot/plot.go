@@ -219,7 +219,7 @@ func drawBars(img *image.RGBA, area image.Rectangle, p Panel, yPix func(float64)
 			x := gx + si*barW
 			fillRect(img, image.Rect(x, yPix(s.Y[ci]), x+barW-1, area.Max.Y), colorOf(s, si))
 			if p.BarValues {
-				l := short(s.Y[ci])
+				l := short(round3(s.Y[ci]))
 				drawText(img, x+(barW-1-textWidth(l, 1))/2, yPix(s.Y[ci])-8, 1, black, l)
 			}
 		}
@@ -341,6 +341,15 @@ func short(v float64) string {
 		return strconv.FormatFloat(v, 'g', 2, 64) // 1e-05
 	}
 	return trim(v)
+}
+
+// round3 keeps about three significant digits of a value written on a bar.
+func round3(v float64) float64 {
+	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return v
+	}
+	p := math.Pow(10, 2-math.Floor(math.Log10(math.Abs(v))))
+	return math.Round(v*p) / p
 }
 
 func trim(v float64) string {
