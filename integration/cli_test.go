@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -11,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/internal/testutil"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
@@ -194,6 +198,34 @@ func TestCLI(t *testing.T) {
 		t.Errorf("exec exit 3: %v", err)
 	}
 
+	// shell without a terminal reads commands from stdin
+	sh := exec.Command(filepath.Join(e.Bin, "lazyfork"), "--address", e.Address, "--namespace", e.Namespace, "--root", e.Root, "shell", "twin")
+	sh.Stdin = strings.NewReader("echo shell-$((40+2))\nexit\n")
+	if out, err := sh.Output(); err != nil || strings.TrimSpace(string(out)) != "shell-42" {
+		t.Errorf("shell: %q %v", out, err)
+	}
+
+	// attach follows new output until interrupted (Ctrl-C), then returns 0
+	at := exec.Command(filepath.Join(e.Bin, "lazyfork"), "--address", e.Address, "--namespace", e.Namespace, "--root", e.Root, "attach", "twin")
+	var atOut bytes.Buffer
+	at.Stdout = &atOut
+	if err := at.Start(); err != nil {
+		t.Fatal(err)
+	}
+	seen := e.waitTick(t, "twin", 0)
+	e.waitTick(t, "twin", seen) // new output while attached
+	time.Sleep(300 * time.Millisecond)
+	_ = at.Process.Signal(os.Interrupt)
+	if err := at.Wait(); err != nil {
+		t.Errorf("attach after Ctrl-C: %v", err)
+	}
+	if !strings.Contains(atOut.String(), "tick "+strconv.Itoa(seen+1)+"\n") {
+		t.Errorf("attach did not stream tick %d", seen+1)
+	}
+	if r := e.list(t)["twin"]; r.State != "running" {
+		t.Errorf("twin after detaching: %s", r.State)
+	}
+
 	// freeze / thaw
 	e.must(t, "freeze", "twin")
 	if r := e.list(t)["twin"]; r.State != "paused" {
@@ -207,7 +239,7 @@ func TestCLI(t *testing.T) {
 	// stats
 	var st struct {
 		MemoryBytes, RssAnonBytes int64
-		RestoreSeconds          float64
+		RestoreSeconds            float64
 	}
 	if err := json.Unmarshal([]byte(e.must(t, "stats", "twin", "--format", "json")), &st); err != nil {
 		t.Fatal(err)
@@ -224,7 +256,7 @@ func TestCLI(t *testing.T) {
 	// status
 	var status struct {
 		Containers, Running, MemoryFiles int
-		Snapshotter, CRIU, Containerd string
+		Snapshotter, CRIU, Containerd    string
 		FamilyMemoryBytes                int64
 	}
 	if err := json.Unmarshal([]byte(e.must(t, "status", "--format", "json")), &status); err != nil {
@@ -294,5 +326,68 @@ func TestCLI(t *testing.T) {
 	}
 	if snaps := e.snapshotsLeft(t); len(snaps) != 0 {
 		t.Errorf("snapshots left: %v", snaps)
+	}
+}
+
+// TestCLISetup: setup on private dirs writes the config, starts the
+// snapshotter and containerd in the background, is idempotent, and --down
+// stops what it started.
+func TestCLISetup(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.RequiresBinary(t, "containerd")
+	bin := lfBin(t)
+	dir, err := os.MkdirTemp("/tmp", "lfs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "root")
+	lf := func(args ...string) (string, error) {
+		full := append([]string{"--address", filepath.Join(dir, "c.sock"), "--namespace", "lfs", "--root", root}, args...)
+		out, err := exec.Command(filepath.Join(bin, "lazyfork"), full...).CombinedOutput()
+		return string(out), err
+	}
+	setup := []string{"setup", "--config", filepath.Join(dir, "config.toml"), "--state", filepath.Join(dir, "state"), "--logs", filepath.Join(dir, "log")}
+	t.Cleanup(func() {
+		if out, err := lf(append(setup, "--down")...); err != nil {
+			t.Errorf("setup --down: %v\n%s", err, out)
+		}
+		for _, name := range []string{"containerd", "snapshotter"} {
+			if _, err := os.Stat(filepath.Join(root, name+".pid")); err == nil {
+				t.Errorf("%s pidfile left after --down", name)
+			}
+		}
+		if mounts, _ := harness.MountsUnder(dir); len(mounts) > 0 {
+			for i := len(mounts) - 1; i >= 0; i-- {
+				_ = unix.Unmount(mounts[i], unix.MNT_DETACH)
+			}
+		}
+		os.RemoveAll(dir)
+	})
+	printed, err := lf(append(setup, "--print")...)
+	if err != nil || !strings.Contains(printed, "[proxy_plugins.lazyfork]") || !strings.Contains(printed, `type = "snapshot"`) {
+		t.Fatalf("setup --print: %v\n%s", err, printed)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "config.toml")); !os.IsNotExist(err) {
+		t.Errorf("--print wrote the config: %v", err)
+	}
+	out, err := lf(setup...)
+	if err != nil || !strings.Contains(out, "containerd: v2.") || !strings.Contains(out, "snapshotter: started") {
+		t.Fatalf("setup: %v\n%s", err, out)
+	}
+	t.Logf("setup:\n%s", out)
+	cfg, _ := os.ReadFile(filepath.Join(dir, "config.toml"))
+	if !strings.Contains(string(cfg), "[proxy_plugins.lazyfork]") {
+		t.Errorf("config:\n%s", cfg)
+	}
+	again, err := lf(setup...)
+	if err != nil || !strings.Contains(again, "already has") || !strings.Contains(again, "snapshotter: running") || !strings.Contains(again, "running at") {
+		t.Errorf("second setup: %v\n%s", err, again)
+	}
+	if cfg2, _ := os.ReadFile(filepath.Join(dir, "config.toml")); string(cfg2) != string(cfg) {
+		t.Errorf("second setup changed the config")
+	}
+	st, err := lf("status", "--format", "json")
+	if err != nil || !strings.Contains(st, `"snapshotter": "lazyfork (proxy plugin)"`) {
+		t.Errorf("status on the stack setup started: %v\n%s", err, st)
 	}
 }
