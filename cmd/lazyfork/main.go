@@ -199,6 +199,9 @@ func runCommand(c *command, g globals, args []string) error {
 	a := &app{g: g, out: os.Stdout}
 	a.ctx = namespaces.WithNamespace(context.Background(), g.namespace)
 	if !c.noConn {
+		if _, err := os.Stat(strings.TrimPrefix(g.address, "unix://")); err != nil {
+			return fmt.Errorf("no containerd at %s (%w): start it, or run lazyfork setup", g.address, err)
+		}
 		cd, err := containerd.New(g.address, containerd.WithDefaultNamespace(g.namespace))
 		if err != nil {
 			return fmt.Errorf("connect to containerd at %s: %w (is it running? try lazyfork setup)", g.address, err)
