@@ -52,7 +52,10 @@
 // every copy like a converted anonymous VMA; its pages leave the image.
 // Converted: regular MAP_PRIVATE file mappings, writable and not
 // executable, not growsdown/hugetlb/WIPEONFORK, that have dumped pages (a
-// clean one stays a mapping of its file: a slot would only cost page cache).
+// clean one stays a mapping of its file: a slot would only cost page cache),
+// of a file the same task also maps executable (a program or library it
+// runs; a data file mapped privately stays as is, since its clean pages
+// follow later write()s to the file and a slot would not).
 //
 // The file's bytes are used only if they are the bytes the dumped process
 // saw; otherwise the VMA stays as it is. The reg-file the VMA maps must be:

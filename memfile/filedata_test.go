@@ -58,9 +58,9 @@ func buildDataTest(t testing.TB, dir string) string {
 }
 
 // startData runs datatest and waits until it has dirtied its pages.
-func (e *env) startData(bin string) *criurun.Workload {
+func (e *env) startData(bin string, extra ...string) *criurun.Workload {
 	e.t.Helper()
-	w, err := criurun.Start([]string{bin, e.ctl, strconv.Itoa(dataDirty)},
+	w, err := criurun.Start(append([]string{bin, e.ctl, strconv.Itoa(dataDirty)}, extra...),
 		criurun.StartOptions{Stdout: filepath.Join(e.tmp, fmt.Sprintf("out-%d", e.next()))})
 	if err != nil {
 		e.t.Fatal(err)
@@ -142,11 +142,17 @@ func imagePagesOf(t testing.TB, dir, path string) uint64 {
 // dumped pages on top. Every copy sees exactly the right bytes (dirty and
 // clean parts), its RssAnon is smaller by the dirty pages than a copy of the
 // same dump rewritten without FileRoot, a copy's writes stay its own, and a
-// copy of a copy is right too.
+// copy of a copy is right too. A privately mapped data file the program
+// writes is not a program: it stays a file mapping.
 func TestFileData(t *testing.T) {
 	e := newEnv(t)
 	bin := buildDataTest(t, e.tmp)
-	w := e.startData(bin)
+	// A data file it maps privately and writes: not a program, stays as is.
+	datFile := filepath.Join(e.tmp, "plain.dat")
+	if err := os.WriteFile(datFile, bytes.Repeat([]byte{1}, 4*4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := e.startData(bin, datFile)
 	e.verifyData(w.PID)
 	withFiles, plain := e.dump(w.PID), e.dump(w.PID)
 	if n := imagePagesOf(t, withFiles, bin); n < dataDirty {
@@ -156,6 +162,9 @@ func TestFileData(t *testing.T) {
 	resPlain := e.rewrite(plain)
 	if n := imagePagesOf(t, withFiles, bin); n != 0 {
 		t.Errorf("%d pages of %s left in the image", n, bin)
+	}
+	if n := imagePagesOf(t, withFiles, datFile); n != 1 {
+		t.Errorf("%d pages of the data file %s in the image, expected its 1 dirty page (not converted)", n, datFile)
 	}
 	if res.PagesMoved < resPlain.PagesMoved+dataDirty {
 		t.Errorf("moved %d pages with FileRoot, %d without: expected at least %d more", res.PagesMoved, resPlain.PagesMoved, dataDirty)

@@ -310,13 +310,29 @@ func (rw *rewriter) load() error {
 // planFileData marks the .data VMAs of t that can move into a memory file:
 // those with dumped (dirty) pages whose file checks out. A clean one stays
 // a mapping of its file: converting it would cost a slot and gain nothing.
+//
+// Only files the task also maps executable qualify: a program or library it
+// runs. A data file mapped privately is left alone, since its clean pages
+// follow the file (the process may change it with write() and read it back
+// through the mapping), which a frozen copy would not.
 func (rw *rewriter) planFileData(t *task) {
+	exec := map[string]bool{}
+	for _, p := range t.vmas {
+		if p.e.GetStatus()&vmaFilePrivate != 0 && p.e.GetProt()&unix.PROT_EXEC != 0 {
+			if fe := rw.fc.entries[uint32(p.e.GetShmid())]; fe.GetReg() != nil {
+				exec[fe.GetReg().GetName()] = true
+			}
+		}
+	}
 	for _, p := range t.vmas {
 		if p.kind != vmaKeep || len(p.overlay) == 0 || !fileDataCandidate(p.e) {
 			continue
 		}
 		b := rw.fc.base(uint32(p.e.GetShmid()))
 		reason := b.reason
+		if reason == "" && !exec[b.path] {
+			reason = "the task does not run this file (no executable mapping of it)"
+		}
 		// A page past the end of the file raises SIGBUS in the original;
 		// the slot would read zeros there.
 		if reason == "" && int64(p.e.GetPgoff())+int64(p.pages()*pageSize) > (b.size+pageSize-1)/pageSize*pageSize {

@@ -2,6 +2,8 @@
 // tests of converting dirty private file mappings. Usage: datatest CTLDIR
 // DIRTY_PAGES. Built with -I pointing at a generated datainit.h that defines
 // DATA_INIT, a string literal of DATA_SIZE bytes: byte i is expect(i).
+// With a third argument DATAFILE, it also maps that file MAP_PRIVATE
+// read-write and writes its first page (a data file, not a program).
 //
 // At start it rewrites the first DIRTY_PAGES pages (4 KiB units of the array)
 // with seed 1, so the dump holds those and the file the rest. Signals:
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "datainit.h"
@@ -67,6 +70,12 @@ int main(int argc, char **argv) {
 	ctl = argv[1];
 	size_t dirty = (size_t)atoi(argv[2]);
 	for (size_t p = 0; p < dirty && p < NPAGES; p++) fill(p, 1);
+	if (argc > 3) {
+		int fd = open(argv[3], O_RDWR);
+		unsigned char *m = fd < 0 ? MAP_FAILED : mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+		if (m == MAP_FAILED) { perror("datafile"); return 1; }
+		memset(m, 0x77, PAGE);
+	}
 
 	struct sigaction sa = {0};
 	sa.sa_handler = on;
