@@ -11,7 +11,7 @@ COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-m
 
 export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
-.PHONY: all help build install uninstall deps images test integration check \
+.PHONY: all help build install uninstall deps images test integration check demo \
 	bench-baseline bench-memfile bench-fork bench-snapshotter bench-allocators bench-rewrite fidelity \
 	proto proto-check lint clean
 
@@ -46,6 +46,9 @@ integration: build ## every test, including those needing root, CRIU and a real 
 	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
 
 check: deps images lint integration ## what CI runs: install what is missing, then every test
+
+demo: deps images build ## the main job: a private stack, a running container forked (scripts/demo.sh)
+	bash scripts/demo.sh
 
 bench-baseline: ## plain runc checkpoint/restore of a 256 MB python container
 	$(GO) run ./bench/baseline
