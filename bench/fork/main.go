@@ -80,13 +80,13 @@ func run(heapList string, nForks, plainMax int, outDir string) error {
 		}
 	}
 	t := b.m.table()
-	t.print(os.Stdout)
+	t.Print(os.Stdout)
 	csvPath := filepath.Join(outDir, "fork.csv")
-	if err := t.writeCSV(csvPath); err != nil {
+	if err := t.WriteCSV(csvPath); err != nil {
 		return err
 	}
 	pngPath := filepath.Join(outDir, "fork.png")
-	if err := writePlot(pngPath, heaps, b.m); err != nil {
+	if err := writePlot(pngPath, heaps, nForks, b.m); err != nil {
 		return err
 	}
 	fmt.Printf("\nwrote %s and %s\n", csvPath, pngPath)

@@ -1,14 +1,13 @@
 package main
 
 import (
-	"encoding/csv"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lazyfork/lazyfork/bench/internal/report"
 )
 
 // result is one figure, in long format.
@@ -40,15 +39,12 @@ func (r *results) get(heap int, system, metric string) (float64, bool) {
 	return 0, false
 }
 
-type table struct {
-	cols []string
-	rows [][]string
-}
-
-func (r *results) table() *table {
-	t := &table{cols: []string{"heap_mib", "system", "metric", "value", "unit", "human"}}
+// table is the figures with columns heap_mib, system, metric, value, unit,
+// human.
+func (r *results) table() *report.Table {
+	t := &report.Table{Columns: []string{"heap_mib", "system", "metric", "value", "unit", "human"}}
 	for _, x := range r.rows {
-		t.rows = append(t.rows, []string{strconv.Itoa(x.heapMiB), x.system, x.metric,
+		t.Rows = append(t.Rows, []string{strconv.Itoa(x.heapMiB), x.system, x.metric,
 			strconv.FormatFloat(x.value, 'g', 6, 64), x.unit, human(x.value, x.unit)})
 	}
 	return t
@@ -62,57 +58,6 @@ func human(v float64, unit string) string {
 		return fmt.Sprintf("%.2f MB", v/1e6)
 	}
 	return strconv.FormatFloat(v, 'g', 6, 64)
-}
-
-func (t *table) print(w io.Writer) {
-	width := make([]int, len(t.cols))
-	for i, c := range t.cols {
-		width[i] = len(c)
-	}
-	for _, r := range t.rows {
-		for i, c := range r {
-			width[i] = max(width[i], len(c))
-		}
-	}
-	line := func(cells []string) {
-		for i, c := range cells {
-			fmt.Fprintf(w, "%-*s  ", width[i], c)
-		}
-		fmt.Fprintln(w)
-	}
-	line(t.cols)
-	for _, r := range t.rows {
-		line(r)
-	}
-}
-
-// writeCSV writes the table atomically (temp file + rename).
-func (t *table) writeCSV(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".fork.csv.tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	cw := csv.NewWriter(f)
-	if err := cw.Write(t.cols); err != nil {
-		f.Close()
-		return err
-	}
-	if err := cw.WriteAll(t.rows); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }
 
 // summary checks the targets against the figures.

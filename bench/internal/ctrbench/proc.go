@@ -9,19 +9,23 @@ import (
 	"github.com/lazyfork/lazyfork/integration/harness"
 )
 
-// ProcMemory is a process's resident memory from /proc/PID/status, in bytes.
+// ProcMemory is a process's resident memory, in bytes.
 type ProcMemory struct {
-	RSS     int64 // VmRSS
+	RSS     int64 // VmRSS (/proc/PID/status)
 	RssAnon int64 // private anonymous pages: the process's own cost
+	Pss     int64 // proportional set size (/proc/PID/smaps_rollup): shared pages split among their users
 }
 
-// ReadProcMemory reads VmRSS and RssAnon of pid.
+// ReadProcMemory reads VmRSS, RssAnon and Pss of pid.
 func ReadProcMemory(pid int) (ProcMemory, error) {
+	var m ProcMemory
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return ProcMemory{}, err
+		return m, err
 	}
-	var m ProcMemory
+	if r, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid)); err == nil {
+		b = append(append(b, '\n'), r...)
+	}
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
 		if len(f) < 2 {
@@ -36,6 +40,8 @@ func ReadProcMemory(pid int) (ProcMemory, error) {
 			m.RSS = kb << 10
 		case "RssAnon:":
 			m.RssAnon = kb << 10
+		case "Pss:":
+			m.Pss = kb << 10
 		}
 	}
 	return m, nil
@@ -52,6 +58,7 @@ func (e *Env) ShimMemory() (n int, total ProcMemory, err error) {
 		n++
 		total.RSS += m.RSS
 		total.RssAnon += m.RssAnon
+		total.Pss += m.Pss
 	}
 	return n, total, nil
 }
