@@ -27,6 +27,7 @@ func (r *result) plot(path string) error {
 			med(func(rd *round) time.Duration { return rd.manyWall }),
 			med(func(rd *round) time.Duration { return report.Median(restoreTimes(rd.many)) }),
 		}}},
+		LegendBelow: true,
 	}
 	last := r.rounds[len(r.rounds)-1]
 	cats := []string{"PARENT", "ONE"}
@@ -36,11 +37,12 @@ func (r *result) plot(path string) error {
 		mem = append(mem, float64(m)/1e6)
 	}
 	mems := plot.Panel{
-		Title:      "CGROUP MEMORY PER CONTAINER (MB)",
-		YLabel:     "MB",
-		XLabel:     fmt.Sprintf("COPIES 1..%d RESTORED AT ONCE", n),
-		Categories: cats,
-		Series:     []plot.Series{{Name: "PLAIN CRIU", Y: mem}},
+		Title:       "CGROUP MEMORY PER CONTAINER (MB)",
+		YLabel:      "MB",
+		XLabel:      fmt.Sprintf("COPIES 1..%d RESTORED AT ONCE", n),
+		Categories:  cats,
+		Series:      []plot.Series{{Name: "PLAIN CRIU", Y: mem}},
+		LegendBelow: true,
 	}
 	return plot.WritePNG(path, fmt.Sprintf("BASELINE: PLAIN RUNC + CRIU, PYTHON HOLDING %d MIB", r.heapMiB), times, mems)
 }
