@@ -96,6 +96,10 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 			if bar {
 				progress(n, n, true)
 			}
+			if isTerminal(os.Stderr) {
+				fmt.Fprintf(os.Stderr, "forked %s %d time(s): parent paused %.3f s, checkpoint %.3f s, restore %.3f s\n",
+					id, n, res.Paused.Seconds(), res.Checkpoint.Seconds(), res.Restore.Seconds())
+			}
 			for _, f := range res.Forks {
 				l := map[string]string{client.LabelLog: a.logPath(f.Container.ID())}
 				if name != "" {
