@@ -218,7 +218,7 @@ func MemfilePrepare(store *memfile.Store, family string, mode *madvguard.Mode) (
 		return nil, err
 	}
 	return func(ctx context.Context, dir string, gen int) error {
-		opts := memfile.RewriteOptions{Family: family, MapDir: famDir}
+		opts := memfile.RewriteOptions{Family: family, MapDir: famDir, FileRoot: "/"}
 		if mode != nil {
 			opts.Stage = func(ctx context.Context, staging string) error {
 				rs, err := madvguard.DataRanges(staging, famDir, famDir)

@@ -117,7 +117,7 @@ func (l *Loop) Rewrite(ctx context.Context, dir string) (*memfile.Result, error)
 	if l.Store == nil {
 		return nil, fmt.Errorf("rewrite %s: plain loop has no store", dir)
 	}
-	opts := memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir}
+	opts := memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir, FileRoot: "/"}
 	if l.Guard {
 		opts.Stage = func(ctx context.Context, staging string) error {
 			// The hook runs with the new memory file at its final path.
