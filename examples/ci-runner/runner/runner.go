@@ -10,8 +10,8 @@
 package runner
 
 import (
-	_ "embed"
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"os"
