@@ -12,7 +12,7 @@ COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-m
 export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
 .PHONY: all help build install uninstall deps images test integration check demo \
-	bench-baseline bench-memfile bench-fork bench-snapshotter bench-allocators bench-rewrite fidelity \
+	bench-baseline bench-memfile bench-fork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity \
 	proto proto-check lint clean
 
 all: build
@@ -61,6 +61,9 @@ bench-fork: build ## LazyFork fork vs plain restore through containerd
 
 bench-snapshotter: ## fork rootfs preparation vs per-fork copy of the upper layer
 	$(GO) run ./bench/snapshotter
+
+bench-cirunner: build ## CI jobs: cold container vs LazyFork fork (time to first test output, memory)
+	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/cirunner
 
 bench-allocators: ## glibc, jemalloc, mimalloc in forks: failures, memory, madvise cost per guard mode
 	$(GO) run ./bench/allocators
