@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 
 	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/internal/testutil"
 )
 
 // proc adapts an os.Process to Signaler.
@@ -27,6 +28,9 @@ func (p proc) Kill(_ context.Context, s syscall.Signal, _ ...client.KillOpts) er
 func TestCounterProtocol(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
+		if testutil.InCI() {
+			t.Fatal("CI=true but python3 is not on PATH")
+		}
 		t.Skip("python3 not on PATH")
 	}
 	log := filepath.Join(t.TempDir(), "counter.log")
