@@ -22,10 +22,7 @@ func init() {
   lazyfork attach twin --follow=false   # print what is there and return`,
 		flags: func(fs *flag.FlagSet) { fs.BoolVar(&follow, "follow", true, "keep streaming new output") },
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
-			if err := needArgs(pos, 1, "NAME"); err != nil {
-				return err
-			}
-			id, err := a.resolve(pos[0])
+			id, err := a.resolveOne(pos)
 			if err != nil {
 				return err
 			}

@@ -235,6 +235,14 @@ func needArgs(pos []string, n int, what string) error {
 // resolve maps NAME to a container id.
 func (a *app) resolve(ref string) (string, error) { return a.lf.Resolve(a.ctx, ref) }
 
+// resolveOne resolves the one NAME a command takes.
+func (a *app) resolveOne(pos []string) (string, error) {
+	if err := needArgs(pos, 1, "NAME"); err != nil {
+		return "", err
+	}
+	return a.resolve(pos[0])
+}
+
 // logPath is where container id's output goes.
 func (a *app) logPath(id string) string {
 	dir := a.g.logDir

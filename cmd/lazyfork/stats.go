@@ -44,10 +44,7 @@ func init() {
 			fs.BoolVar(&header, "header", false, "with --csv: a header line first")
 		},
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
-			if err := needArgs(pos, 1, "NAME"); err != nil {
-				return err
-			}
-			id, err := a.resolve(pos[0])
+			id, err := a.resolveOne(pos)
 			if err != nil {
 				return err
 			}

@@ -13,10 +13,7 @@ func init() {
 		example: `  lazyfork stop counter
   lazyfork fork counter --name again    # restores from the snapshot`,
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
-			if err := needArgs(pos, 1, "NAME"); err != nil {
-				return err
-			}
-			id, err := a.resolve(pos[0])
+			id, err := a.resolveOne(pos)
 			if err != nil {
 				return err
 			}
