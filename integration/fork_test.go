@@ -158,12 +158,7 @@ func checkContinues(t *testing.T, ctx context.Context, parent, fork *counter) in
 // client: every fork continues the count, its heap verifies, its writes stay its
 // own, it costs under 2 MB right after restore, and the parent keeps counting.
 func TestFork10(t *testing.T) {
-	e := startLF(t, harness.Options{})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t)
 	parent := e.startCounter(t, ctx, img, "par-"+lfRandom(4), 256)
 	parentCtr, err := e.Client().LoadContainer(ctx, parent.id)
 	if err != nil {
@@ -329,12 +324,7 @@ func forkIDs(prefix string, n int) []string {
 // TestForkFailures: a CRIU error, missing memory files, bad snapshot dirs. Each
 // returns a clear error, the parent keeps running unpaused, nothing is left.
 func TestForkFailures(t *testing.T) {
-	e := startLF(t, harness.Options{})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t)
 	lf := e.lfClient()
 
 	t.Run("criu-error", func(t *testing.T) {
@@ -630,12 +620,7 @@ func TestCtrFlows(t *testing.T) {
 // a page of its own first; every level verifies its heap (the markers it
 // inherited and its own). Then the root is deleted and the forks keep running.
 func TestForkOfFork(t *testing.T) {
-	e := startLF(t, harness.Options{})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t)
 	lf := e.lfClient()
 	root := e.startCounter(t, ctx, img, "deep-"+lfRandom(4), 64)
 	chain := []*counter{root}
@@ -712,12 +697,7 @@ func TestForkOfFork(t *testing.T) {
 // TestForkOOM: runc's shim watches only the tasks it creates for OOM; a
 // restored fork must report its OOM kills too.
 func TestForkOOM(t *testing.T) {
-	e := startLF(t, harness.Options{})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t)
 	id := "oom-" + lfRandom(4)
 	_, task := e.run(t, ctx, img, id, pyHold(16, ""), oci.WithMemoryLimit(96<<20))
 	(&counter{e: e, id: id, task: task}).waitLine(t, ctx, 0, "tick 2")

@@ -19,12 +19,7 @@ import (
 // lazyfork.io/madvise=off; a bad mode is refused at create. A fork restored
 // from a guarded snapshot keeps counting.
 func TestShimMadviseGuard(t *testing.T) {
-	e := startLF(t, harness.Options{})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t)
 	checkpoint := func(id string, annot map[string]string) (containerd.Container, string) {
 		t.Helper()
 		ctr, task := e.run(t, ctx, img, id, workloads.CounterArgs(16), oci.WithAnnotations(annot))

@@ -9,7 +9,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/lazyfork/lazyfork/client"
-	"github.com/lazyfork/lazyfork/integration/harness"
 )
 
 // sdkExample is client's Example, with the address, namespace, name and
@@ -47,12 +46,7 @@ func sdkExample(ctx context.Context, address, namespace, name, root string) (out
 // TestSDKExample runs the SDK example against a running container and checks
 // that what it made ran where it says, and that Close removed all of it.
 func TestSDKExample(t *testing.T) {
-	e := startLF(t, harness.Options{})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t)
 	c := e.startCounter(t, ctx, img, "agent-"+lfRandom(3), 8)
 	c.waitLine(t, ctx, 0, "tick 2")
 

@@ -98,6 +98,19 @@ func (e *lfEnv) ctx(t *testing.T) context.Context {
 	return ctx
 }
 
+// startLFPython is startLF with default options and the python image
+// imported: what most container tests begin with.
+func startLFPython(t *testing.T) (*lfEnv, context.Context, containerd.Image) {
+	t.Helper()
+	e := startLF(t, harness.Options{})
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, ctx, img
+}
+
 // run starts a LazyFork container from image with args.
 func (e *lfEnv) run(t *testing.T, ctx context.Context, img containerd.Image, id string, args []string, specOpts ...oci.SpecOpts) (containerd.Container, containerd.Task) {
 	t.Helper()
@@ -150,12 +163,7 @@ func (e *lfEnv) execOut(ctx context.Context, task containerd.Task, argv ...strin
 // TestShimBehavesLikeRunc drives a LazyFork container through the Go client the
 // way any runc container is driven, and checks what LazyFork adds to it.
 func TestShimBehavesLikeRunc(t *testing.T) {
-	e := startLF(t, harness.Options{})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t)
 	id := "shim-" + lfRandom(4)
 	_, task := e.run(t, ctx, img, id, []string{"sh", "-c", "echo overcommit=$(cat /proc/sys/vm/overcommit_memory); exec sleep 100000"})
 	if _, err := harness.WaitLine(ctx, e.TaskLogPath(id), 0, func(l string) bool { return strings.HasPrefix(l, "overcommit=") }); err != nil {
@@ -232,12 +240,7 @@ func TestShimBehavesLikeRunc(t *testing.T) {
 
 // TestShimTTY runs a LazyFork container on a terminal.
 func TestShimTTY(t *testing.T) {
-	e := startLF(t, harness.Options{})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t)
 	id := "tty-" + lfRandom(4)
 	ctr, err := e.NewContainer(ctx, id, harness.ContainerConfig{
 		Image: img, Args: []string{"sh", "-c", "tty; stty size"}, Runtime: lfRuntime,
