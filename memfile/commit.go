@@ -89,11 +89,13 @@ func (rw *rewriter) stage(ctx context.Context) error {
 		}
 		var stay []run
 		for _, p := range t.vmas {
-			if p.convert {
+			switch {
+			case p.kind == vmaWipe:
+			case p.convert:
 				stay = append(stay, p.kept...)
-				continue
+			default:
+				stay = append(stay, p.overlay...)
 			}
-			stay = append(stay, p.overlay...)
 		}
 		for _, r := range stay {
 			kept += r.n

@@ -12,11 +12,25 @@
 // pages leave the image. These stay as they are: the stack (recognised by
 // MAP_GROWSDOWN: CRIU refuses a growsdown file mapping and the status bits
 // do not mark it), vdso, vvar, vsyscall, AIO rings, SysV/memfd/shadow-stack
-// areas, hugetlb areas, VMAs with MADV_WIPEONFORK (EINVAL on a file mapping)
-// and VMAs without pages (guard pages, PROT_NONE reservations).
+// areas, hugetlb areas, wipe-on-fork VMAs (below) and VMAs without pages
+// (guard pages, PROT_NONE reservations).
 //
 // With RewriteOptions.FileRoot set, a dirty private file mapping (a
 // program's or library's .data) is converted too; see below.
+//
+// # Wipe-on-fork memory
+//
+// CRIU neither records nor restores MADV_WIPEONFORK: it dumps such memory
+// like any other, so every copy would start with the parent's bytes there.
+// That is where Go ≥1.24 and glibc ≥2.41 keep their vDSO getrandom state,
+// and copies sharing it draw the same "random" numbers. The advice is only
+// visible in /proc/PID/smaps of the live process, so the caller reads it
+// ([ReadWipeOnFork], around the dump) and passes it in
+// RewriteOptions.WipeOnFork: each private anonymous VMA inside those ranges
+// loses its pages (a copy reads zeros, as a fork() child does, and the vDSO
+// reseeds from the kernel) and gets the advice back in its VmaEntry, which
+// CRIU's restorer applies. MAP_DROPPABLE (the state's other flag) cannot be
+// restored: the copy's state is ordinary memory, at most a few pages.
 //
 // The converted VMA records the file as CRIU's checks demand: a reg-file
 // entry with the path under RewriteOptions.MapDir, and the exact size and

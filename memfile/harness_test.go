@@ -157,7 +157,13 @@ func (e *env) dump(pid int) string {
 
 func (e *env) rewrite(dir string) *memfile.Result {
 	e.t.Helper()
-	res, err := e.store.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: e.family, MapDir: e.famDir})
+	return e.rewriteWipe(dir, nil)
+}
+
+// rewriteWipe is rewrite with RewriteOptions.WipeOnFork.
+func (e *env) rewriteWipe(dir string, wipe memfile.WipeOnFork) *memfile.Result {
+	e.t.Helper()
+	res, err := e.store.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: e.family, MapDir: e.famDir, WipeOnFork: wipe})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -101,6 +101,7 @@ const (
 	vmaAnon                    // private anonymous with pages: moves into a memory file
 	vmaFamily                  // private mapping of a family file: its pages are a delta
 	vmaFileData                // dirty private writable mapping of a program's file (.data): moves into a memory file
+	vmaWipe                    // private anonymous, MADV_WIPEONFORK in the live process: its pages are dropped
 )
 
 // vmaPlan is what happens to one VMA.
@@ -165,6 +166,14 @@ func convertible(v *vma.VmaEntry) bool {
 		return false
 	}
 	return true
+}
+
+// wipeable reports whether a VMA can be restored zeroed with MADV_WIPEONFORK:
+// plain private anonymous memory (the kernel refuses the advice elsewhere).
+func wipeable(v *vma.VmaEntry) bool {
+	st, fl := v.GetStatus(), v.GetFlags()
+	return st&vmaAreaRegular != 0 && st&vmaAnonPrivate != 0 && st&vmaSpecial == 0 &&
+		fl&unix.MAP_ANONYMOUS != 0 && fl&unix.MAP_PRIVATE != 0 && fl&(unix.MAP_GROWSDOWN|unix.MAP_HUGETLB) == 0
 }
 
 // fileDataCandidate reports whether a VMA is a private file mapping of the

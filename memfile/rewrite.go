@@ -59,6 +59,11 @@ type RewriteOptions struct {
 	// it is provably the file the dump mapped (see the package doc). ""
 	// leaves every file mapping as it is.
 	FileRoot string
+	// WipeOnFork lists the ranges the dumped processes had marked
+	// MADV_WIPEONFORK (ReadWipeOnFork). A private anonymous VMA inside one
+	// loses its pages and gets the advice back: each copy starts it zeroed,
+	// as a fork() child would. CRIU alone copies its bytes into every copy.
+	WipeOnFork WipeOnFork
 }
 
 // Result describes a rewrite.
@@ -67,6 +72,7 @@ type Result struct {
 	PagesMoved   uint64   // pages moved from the image into a new memory file
 	PagesKept    uint64   // pages left in the image
 	BytesWritten int64    // bytes written into the new memory file
+	PagesWiped   uint64   // pages dropped from wipe-on-fork VMAs (RewriteOptions.WipeOnFork)
 	Rebased      bool
 	Duration     time.Duration
 }
@@ -134,7 +140,7 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 		return nil, fmt.Errorf("rewrite %s: %w", imageDir, err)
 	}
 	res = &Result{
-		Files: rw.info.Files, PagesMoved: rw.moved, PagesKept: rw.info.KeptPages,
+		Files: rw.info.Files, PagesMoved: rw.moved, PagesKept: rw.info.KeptPages, PagesWiped: rw.wiped,
 		BytesWritten: rw.cp.written + rw.parWritten - rw.stagedBytes, Rebased: rw.rebase, Duration: time.Since(start),
 	}
 	log.G(ctx).WithField("image", imageDir).WithField("family", opts.Family).
@@ -162,6 +168,7 @@ type rewriter struct {
 	rebase  bool
 	regions []*region
 	moved   uint64
+	wiped   uint64 // pages of vmaWipe VMAs, dropped
 
 	memName string // final name of the new memory file ("" if none)
 	memTmp  string // its path while written
@@ -287,6 +294,8 @@ func (rw *rewriter) load() error {
 			last = v.GetEnd()
 			p := &vmaPlan{e: v}
 			switch {
+			case wipeable(v) && rw.opts.WipeOnFork.covers(pid, v.GetStart(), v.GetEnd()):
+				p.kind = vmaWipe
 			case convertible(v):
 				p.kind = vmaAnon
 			case v.GetStatus()&vmaFilePrivate != 0 && rw.famFiles[uint32(v.GetShmid())] != "" && v.GetStatus()&vmaSpecial == 0:
@@ -423,6 +432,13 @@ func (rw *rewriter) plan() error {
 	for _, t := range rw.tasks {
 		for _, p := range t.vmas {
 			switch p.kind {
+			case vmaWipe:
+				// CRIU applies every madvise bit it finds in the image.
+				p.e.Madv = ptr(p.e.GetMadv() | 1<<unix.MADV_WIPEONFORK)
+				for _, r := range p.overlay {
+					rw.wiped += r.n
+				}
+				t.changed = true
 			case vmaAnon:
 				p.convert = len(p.overlay) > 0
 			case vmaFileData:

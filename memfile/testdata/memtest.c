@@ -5,9 +5,10 @@
 //
 // Memory: R (HEAP_MIB, one word pattern per page "seed"), N (12 KiB right
 // after R, flags differ so it stays its own VMA), G (4 MiB with 64 MiB free
-// after it, for in-place growth), plus a malloc'ed seed table.
+// after it, for in-place growth), W (2 pages, MADV_WIPEONFORK, its first word
+// set by every process after its fork), plus a malloc'ed seed table.
 // Signals (handled in the main loop):
-//   SIGUSR1  verify everything          -> "verify ok=1 bad=0 ..."
+//   SIGUSR1  verify everything          -> "verify ok=1 bad=0 wipe=W0 wipe_addr=A"
 //   SIGHUP   dirty pages [10,20) of R with seed 3 -> "dirty ok=1 ..."
 //   SIGUSR2  mremap growth: R by 16 MiB (moves: N is in the way) and G by
 //            16 MiB in place; count nonzero words in the new parts -> "grow ..."
@@ -31,6 +32,7 @@ static const char *ctl;
 static size_t rlen, npages;
 static uint64_t *R, *G;
 static unsigned char *N;
+static volatile uint64_t *W;
 static unsigned char *seeds; /* per page of R */
 static volatile sig_atomic_t got_usr1, got_usr2, got_hup, got_ttin;
 static int generation;
@@ -135,6 +137,9 @@ int main(int argc, char **argv) {
 	munmap(gres + (4UL << 20), 64UL << 20);
 	for (size_t i = 0; i < (4UL << 20) / 8; i++) G[i] = word(i / 512, i % 512, 9);
 
+	W = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (W == MAP_FAILED || madvise((void *)W, 2 * PAGE, MADV_WIPEONFORK) != 0) { perror("wipeonfork"); return 1; }
+
 	struct sigaction sa = {0};
 	sa.sa_handler = on;
 	sigaction(SIGUSR1, &sa, NULL);
@@ -159,6 +164,8 @@ int main(int argc, char **argv) {
 			break;
 		}
 	}
+	/* fork() wiped W in a child: every process sets it again. */
+	W[0] = 0x5eed5eed;
 	char ready[4096];
 	snprintf(ready, sizeof ready, "%s/ready-%d", ctl, hostpid());
 	close(open(ready, O_CREAT | O_WRONLY, 0644));
@@ -167,7 +174,7 @@ int main(int argc, char **argv) {
 		if (got_usr1) {
 			got_usr1 = 0;
 			size_t bad = verify();
-			report("verify ok=%d bad=%zu", bad == 0, bad);
+			report("verify ok=%d bad=%zu wipe=%llu wipe_addr=%lx", bad == 0, bad, (unsigned long long)W[0], (unsigned long)W);
 		}
 		if (got_hup) {
 			got_hup = 0;
