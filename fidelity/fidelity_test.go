@@ -3,6 +3,8 @@ package fidelity_test
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/lazyfork/lazyfork/internal/workloads"
@@ -169,5 +171,44 @@ func TestPlainCRIUControl(t *testing.T) {
 			h.continues(g, before2, after2)
 			h.verifyAll([]*proc{g}, []uint64{v})
 		})
+	}
+}
+
+// Copies of a Go program draw their own random numbers. Go keeps its vDSO
+// getrandom state in MADV_WIPEONFORK memory, which CRIU copies as it is: every
+// copy would continue the parent's stream (the hook test's agents once drew
+// the same number). The snapshot must drop those pages, as fork() does.
+func TestCopiesDrawTheirOwnRandomness(t *testing.T) {
+	h := newHarness(t, false)
+	parent := h.start(workloads.Go, 16)
+	s, _, after := h.snap(parent, "snap")
+	if s.Rewrite.PagesWiped == 0 {
+		t.Errorf("the rewrite wiped no page: Go's getrandom state was not found")
+	}
+	cs := h.restore(s, workloads.Go, 3, "copy")
+	// From tick after+2 on, every draw happened after the dump in every process.
+	from := after + 2
+	drawn := map[string]string{}
+	for _, p := range append([]*proc{parent}, cs...) {
+		if err := p.out.WaitTicks(h.ctx, from+2); err != nil {
+			t.Fatalf("%s: %v\n%s", p.name, err, tail(p.out))
+		}
+		for _, l := range p.out.Lines() {
+			f := strings.Fields(l)
+			if len(f) < 4 || f[0] != "tick" {
+				continue
+			}
+			if n, _ := strconv.ParseUint(f[1], 10, 64); n < from {
+				continue
+			}
+			v, ok := strings.CutPrefix(f[3], "urandom=")
+			if !ok {
+				t.Fatalf("%s: tick line without urandom: %q", p.name, l)
+			}
+			if other, dup := drawn[v]; dup {
+				t.Fatalf("%s drew %s, as %s did: copies share a random stream", p.name, v, other)
+			}
+			drawn[v] = fmt.Sprintf("%s (tick %s)", p.name, f[1])
+		}
 	}
 }

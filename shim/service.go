@@ -412,20 +412,24 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
-		if resp, serr := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); serr == nil {
-			return nil, withCRIULog(err, filepath.Join(resp.Bundle, "criu-dump.log"))
-		}
+	ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
+	if err != nil {
 		return nil, err
+	}
+	// runc's shim mounts the container's rootfs at bundle/rootfs.
+	ropts := memfile.RewriteOptions{Family: st.Family, MapDir: memfile.MountPath, FileRoot: filepath.Join(ts.Bundle, "rootfs")}
+	// CRIU drops MADV_WIPEONFORK: read it from the live tree around the dump
+	// (a frozen task reads the same twice).
+	ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
+	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
+		return nil, withCRIULog(err, filepath.Join(ts.Bundle, "criu-dump.log"))
+	}
+	if !opts.GetExit() {
+		ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), ropts.WipeOnFork)
 	}
 	store, err := s.Store()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
-	}
-	ropts := memfile.RewriteOptions{Family: st.Family, MapDir: memfile.MountPath}
-	if resp, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil {
-		// runc's shim mounts the container's rootfs at bundle/rootfs.
-		ropts.FileRoot = filepath.Join(resp.Bundle, "rootfs")
 	}
 	if opts.GetImagePath() == "" {
 		// containerd checkpoints into a temporary directory and exports it to
@@ -466,9 +470,20 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	log.G(ctx).WithFields(log.Fields{
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
-		"duration": res.Duration, "madvise_guard": guardName(guard, mode),
+		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
+}
+
+// readWipeOnFork adds the wipe-on-fork ranges of the tree at pid to w. A
+// failure costs the copies that memory's wipe, not the checkpoint: it is
+// logged.
+func readWipeOnFork(ctx context.Context, pid int, w memfile.WipeOnFork) memfile.WipeOnFork {
+	more, err := memfile.ReadWipeOnFork(pid)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("lazyfork: read MADV_WIPEONFORK ranges; copies keep the parent's bytes there")
+	}
+	return w.Merge(more)
 }
 
 // stateOf returns LazyFork's state of a container this shim serves.

@@ -98,13 +98,25 @@ func (l *Loop) Snapshot(ctx context.Context, pid int, dir string) (*Snapshot, er
 	if err != nil {
 		return nil, err
 	}
+	// The tree runs during the dump: what is wipe-on-fork before or after
+	// it covers what the dump saw (see memfile.ReadWipeOnFork).
+	var wipe memfile.WipeOnFork
+	if l.Store != nil {
+		if wipe, err = memfile.ReadWipeOnFork(pid); err != nil {
+			return nil, err
+		}
+	}
 	d, err := criurun.Dump(ctx, pid, dir, criurun.DumpOptions{Criu: l.Criu})
 	if err != nil {
 		return nil, err
 	}
 	s := &Snapshot{Dir: dir, Dump: d}
 	if l.Store != nil {
-		if s.Rewrite, err = l.Rewrite(ctx, dir); err != nil {
+		after, err := memfile.ReadWipeOnFork(pid)
+		if err != nil {
+			return nil, err
+		}
+		if s.Rewrite, err = l.rewrite(ctx, dir, wipe.Merge(after)); err != nil {
 			return nil, err
 		}
 	}
@@ -114,10 +126,14 @@ func (l *Loop) Snapshot(ctx context.Context, pid int, dir string) (*Snapshot, er
 
 // Rewrite turns the dump in dir into a snapshot of the loop's family.
 func (l *Loop) Rewrite(ctx context.Context, dir string) (*memfile.Result, error) {
+	return l.rewrite(ctx, dir, nil)
+}
+
+func (l *Loop) rewrite(ctx context.Context, dir string, wipe memfile.WipeOnFork) (*memfile.Result, error) {
 	if l.Store == nil {
 		return nil, fmt.Errorf("rewrite %s: plain loop has no store", dir)
 	}
-	opts := memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir, FileRoot: "/"}
+	opts := memfile.RewriteOptions{Family: l.Family, MapDir: l.MapDir, FileRoot: "/", WipeOnFork: wipe}
 	if l.Guard {
 		opts.Stage = func(ctx context.Context, staging string) error {
 			// The hook runs with the new memory file at its final path.

@@ -2,7 +2,10 @@
 // blocks that churns and calls debug.FreeOSMemory every tick, so the runtime keeps
 // returning memory to the kernel (MADV_DONTNEED) and reusing it.
 //
-// Protocol, as for cheap.c: "tick N bad=B" every tick; SIGUSR1 checks everything
+// Protocol, as for cheap.c: "tick N bad=B urandom=X" every tick, X being 8
+// bytes of crypto/rand drawn on the main goroutine's thread (locked, so its
+// vDSO getrandom state is always the same one: two copies that share that
+// state print the same X); SIGUSR1 checks everything
 // (fresh allocations must read zeros) and prints "verify tick=N ok=0|1 ...";
 // SIGUSR2 writes a new marker and rewrites block 0, printing "marker tick=N value=V".
 //
@@ -10,12 +13,14 @@
 package main
 
 import (
+	crand "crypto/rand"
 	"encoding/binary"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -62,6 +67,7 @@ func main() {
 	mib := flag.Int("m", 64, "heap in MiB")
 	tickMs := flag.Int("t", 100, "tick in milliseconds")
 	flag.Parse()
+	runtime.LockOSThread()
 
 	n := *mib << 20 / block
 	blocks := make([][]byte, n)
@@ -107,7 +113,9 @@ func main() {
 		}
 		burst = nil
 		debug.FreeOSMemory()
-		fmt.Printf("tick %d bad=%d\n", t, badCount+zeroBad)
+		var ur [8]byte
+		crand.Read(ur[:])
+		fmt.Printf("tick %d bad=%d urandom=%x\n", t, badCount+zeroBad, ur)
 		select {
 		case <-tick.C:
 		case s := <-sig:
