@@ -50,8 +50,13 @@
 // bytes instead of zeros, and jemalloc and the Go runtime count on zeros. It
 // is applied to the staged image inside the rewrite (RewriteOptions.Stage), so
 // a snapshot appears with its guard or not at all; the parent is untouched.
-// "zero" installs the trace form; with no supervisor attached its calls fail
-// with ENOSYS, which allocators treat like a refusal.
+// "zero" installs the trace form, and a fork restored from such a snapshot
+// gets a supervisor (supervise.go: this binary re-executed, see
+// madvguard.MaybeServe) that turns those calls into fresh anonymous mappings.
+// It lets go while the fork is paused or dumped (CRIU cannot dump a traced
+// task; a frozen one cannot be detached from) and attaches again after; with
+// no supervisor attached the calls fail with ENOSYS, which allocators treat
+// like a refusal.
 //
 // # Memory accounting
 //

@@ -57,6 +57,10 @@ type container struct {
 	// cg is the cgroup of a restored task, loaded after Start (runc's shim
 	// only loads it for tasks it creates); nil otherwise.
 	cg any
+	// sup is the madvise supervisor of a task restored from a zero-mode
+	// snapshot (nil otherwise, or if it could not attach: then the guarded
+	// calls fail with ENOSYS, which allocators treat like a refusal).
+	sup *supervisor
 }
 
 var (
@@ -322,6 +326,7 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if err != nil {
 		return nil, restoreError(err, c.bundle)
 	}
+	s.superviseIfZero(ctx, r.ID, c, int(resp.Pid))
 	cg, cerr := loadCgroup(int(resp.Pid))
 	if cerr != nil {
 		log.G(ctx).WithError(cerr).Warn("lazyfork: load cgroup of restored task")
@@ -421,11 +426,24 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	// CRIU drops MADV_WIPEONFORK: read it from the live tree around the dump
 	// (a frozen task reads the same twice).
 	ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
+	// CRIU cannot dump a traced task: a zero-mode supervisor lets go for the
+	// dump (Pause already did, for a frozen task).
+	sup := s.supervisorOf(r.ID)
+	detached, err := sup.detach()
+	if err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint of %s: %w", r.ID, err))
+	}
 	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
+		if detached {
+			sup.attach(ctx)
+		}
 		return nil, withCRIULog(err, filepath.Join(ts.Bundle, "criu-dump.log"))
 	}
 	if !opts.GetExit() {
 		ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), ropts.WipeOnFork)
+		if detached {
+			sup.attach(ctx)
+		}
 	}
 	store, err := s.Store()
 	if err != nil {
@@ -520,6 +538,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if c == nil {
 		return resp, nil
 	}
+	c.sup.close(ctx)
 	if err := s.release(ctx, c); err != nil {
 		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: release deleted container")
 	} else if err := writeState(c.bundle, &c.state); err != nil && !errors.Is(err, os.ErrNotExist) {

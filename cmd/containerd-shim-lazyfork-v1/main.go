@@ -9,11 +9,14 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/shim"
 
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	lfshim "github.com/lazyfork/lazyfork/shim"
 	_ "github.com/lazyfork/lazyfork/shim/plugin"
 )
 
 func main() {
+	// A madvise supervisor helper (zero mode) is this binary re-executed.
+	madvguard.MaybeServe()
 	if len(os.Args) > 1 && os.Args[1] == lfshim.HookArg {
 		os.Exit(lfshim.RunHook(os.Args[2:]))
 	}
