@@ -69,6 +69,10 @@ type Result struct {
 	Forks    []Fork
 	// Paused is how long the parent was frozen (what its users felt).
 	Paused time.Duration
+	// ThawedBeforeRewrite: the shim thawed the parent as soon as its dump
+	// was done, so Paused leaves out the memory-file rewrite. False when
+	// the caller had paused the parent (it stays paused).
+	ThawedBeforeRewrite bool
 	// Checkpoint is the shim's dump + memory-file rewrite.
 	Checkpoint time.Duration
 	// CopyUpper is the copy of the parent's writable layer.
@@ -324,6 +328,7 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 		}
 	}
 	t0 := time.Now()
+	thawedEarly := false
 	if !wasPaused {
 		if err := task.Pause(ctx); err != nil {
 			return fmt.Errorf("pause: %w", err)
@@ -332,28 +337,13 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 			if err := task.Resume(context.WithoutCancel(ctx)); err != nil {
 				retErr = errors.Join(retErr, fmt.Errorf("resume parent: %w", err))
 			}
-			res.Paused = time.Since(t0)
+			if !thawedEarly {
+				res.Paused = time.Since(t0)
+			}
 		}()
 	}
-	opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: imageDir})
-	if err != nil {
-		return err
-	}
-	t1 := time.Now()
-	// The task API directly, not Task.Checkpoint: for a runtime that is not
-	// runc's, the client would also tar the rootfs into the content store.
-	if _, err := c.cd.TaskService().Checkpoint(ctx, &tasksapi.CheckpointTaskRequest{
-		ContainerID: parent.ID(),
-		Options:     opts,
-	}); err != nil {
-		return fmt.Errorf("checkpoint: %w", errgrpc.ToNative(err))
-	}
-	res.Checkpoint = time.Since(t1)
-	snap, err := memfile.ReadSnapshot(imageDir)
-	if err != nil {
-		return fmt.Errorf("checkpoint of %s is not a LazyFork snapshot: %w", parent.ID(), err)
-	}
-	res.Family = snap.Family
+	// The writable layer first: frozen, the task cannot change it between
+	// this copy and its dump.
 	t2 := time.Now()
 	if pending != nil {
 		frozen, err := pending.Commit(ctx)
@@ -362,18 +352,54 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 			return fmt.Errorf("freeze writable layer of %s: %w", parent.ID(), err)
 		}
 		rfs.Frozen = frozen.Name
-		res.CopyUpper = time.Since(t2)
-		return nil
+	} else {
+		upper, err := c.upperDir(ctx, info.Snapshotter, info.SnapshotKey)
+		if err != nil {
+			return err
+		}
+		rfs.UpperCopy = filepath.Join(filepath.Dir(imageDir), "upper")
+		if err := copyLayer(rfs.UpperCopy, upper); err != nil {
+			return fmt.Errorf("copy writable layer of %s: %w", parent.ID(), err)
+		}
 	}
-	upper, err := c.upperDir(ctx, info.Snapshotter, info.SnapshotKey)
+	res.CopyUpper = time.Since(t2)
+
+	// A task paused here is thawed by the shim once its dump is done, while
+	// the memory files are written (memfile.ThawFile); a task the caller had
+	// paused stays paused.
+	thaw := memfile.ThawFile(imageDir)
+	if !wasPaused {
+		if err := os.WriteFile(thaw, nil, 0o600); err != nil {
+			return err
+		}
+		defer os.Remove(thaw)
+	}
+	opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: imageDir})
 	if err != nil {
 		return err
 	}
-	rfs.UpperCopy = filepath.Join(filepath.Dir(imageDir), "upper")
-	if err := copyLayer(rfs.UpperCopy, upper); err != nil {
-		return fmt.Errorf("copy writable layer of %s: %w", parent.ID(), err)
+	t1 := time.Now()
+	// The task API directly, not Task.Checkpoint: for a runtime that is not
+	// runc's, the client would also tar the rootfs into the content store.
+	_, err = c.cd.TaskService().Checkpoint(ctx, &tasksapi.CheckpointTaskRequest{
+		ContainerID: parent.ID(),
+		Options:     opts,
+	})
+	res.Checkpoint = time.Since(t1)
+	if b, rerr := os.ReadFile(thaw); rerr == nil && len(b) > 0 {
+		if at, perr := time.Parse(time.RFC3339Nano, string(b)); perr == nil {
+			thawedEarly = true
+			res.Paused, res.ThawedBeforeRewrite = at.Sub(t0), true
+		}
 	}
-	res.CopyUpper = time.Since(t2)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", errgrpc.ToNative(err))
+	}
+	snap, err := memfile.ReadSnapshot(imageDir)
+	if err != nil {
+		return fmt.Errorf("checkpoint of %s is not a LazyFork snapshot: %w", parent.ID(), err)
+	}
+	res.Family = snap.Family
 	return nil
 }
 

@@ -170,6 +170,9 @@ func TestFork10(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("fork: paused %v, checkpoint %v, upper copy %v, 10 restores %v", res.Paused, res.Checkpoint, res.CopyUpper, res.Restore)
+	if !res.ThawedBeforeRewrite {
+		t.Errorf("the shim did not thaw the parent before the rewrite (paused %v)", res.Paused)
+	}
 	// Memory right after restore, before anything reads the heap.
 	parentMem := memoryUsage(t, ctx, parentCtr)
 	var total uint64
@@ -634,6 +637,9 @@ func TestForkOfFork(t *testing.T) {
 		f := e.forks(res)[0]
 		checkContinues(t, ctx, prev, f)
 		t.Logf("level %d: %s (paused %v, checkpoint %v, restore %v)", level, f.id, res.Paused, res.Checkpoint, res.Forks[0].Restore)
+		if !res.ThawedBeforeRewrite {
+			t.Errorf("level %d: the shim did not thaw %s before the rewrite", level, prev.id)
+		}
 		l, err := res.Forks[0].Container.Labels(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -642,6 +648,22 @@ func TestForkOfFork(t *testing.T) {
 			t.Errorf("level %d labels %v", level, l)
 		}
 		chain = append(chain, f)
+	}
+	// A parent its user paused is forked and stays paused until resumed.
+	deepest := chain[9]
+	if err := deepest.task.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := lf.Fork(ctx, deepest.id, 1, e.logIO())
+	if err != nil {
+		t.Fatalf("fork of a paused fork: %v", err)
+	}
+	if st, err := deepest.task.Status(ctx); err != nil || st.Status != containerd.Paused || res.ThawedBeforeRewrite {
+		t.Errorf("a paused parent after its fork: %v (%v), thawed before rewrite %v; want still paused", st.Status, err, res.ThawedBeforeRewrite)
+	}
+	checkContinues(t, ctx, deepest, e.forks(res)[0])
+	if err := deepest.task.Resume(ctx); err != nil {
+		t.Fatal(err)
 	}
 	for i, c := range chain {
 		want := fmt.Sprintf("verify ok pages=16384 writes=%d", min(i+1, 9))
@@ -671,7 +693,6 @@ func TestForkOfFork(t *testing.T) {
 		}
 		c.waitLine(t, ctx, len(c.lines(t)), "tick ")
 	}
-	deepest := chain[9]
 	if v := deepest.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=9" {
 		t.Errorf("deepest fork after the root went: %q", v)
 	}
@@ -689,8 +710,8 @@ func TestForkOfFork(t *testing.T) {
 			n++
 		}
 	}
-	if n != 9 {
-		t.Errorf("%d containers hold the family's files, want 9: %v", n, holders)
+	if n != 10 {
+		t.Errorf("%d containers hold the family's files, want 10 (nine levels and the paused one's fork): %v", n, holders)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup1"
 	cgroupsv2 "github.com/containerd/cgroups/v3/cgroup2"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oom"
 	oomv1 "github.com/containerd/containerd/v2/pkg/oom/v1"
@@ -47,6 +48,7 @@ type Service struct {
 
 	mu         sync.Mutex
 	containers map[string]*container // by container id, guarded by mu
+	thawed     map[string]bool       // tasks thawed by a checkpoint, whose next Resume is done; guarded by mu
 	oomWatcher oom.Watcher           // for restored tasks, guarded by mu
 }
 
@@ -85,6 +87,7 @@ func NewService(ctx context.Context, runc taskAPI.TTRPCTaskService, publisher sh
 		publisher:        publisher,
 		self:             self,
 		containers:       map[string]*container{},
+		thawed:           map[string]bool{},
 	}, nil
 }
 
@@ -444,6 +447,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		if detached {
 			sup.attach(ctx)
 		}
+		if ts.Status == tasktypes.Status_PAUSED {
+			s.thawBeforeRewrite(ctx, r.ID, r.Path)
+		}
 	}
 	store, err := s.Store()
 	if err != nil {
@@ -539,6 +545,9 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		return resp, nil
 	}
 	c.sup.close(ctx)
+	s.mu.Lock()
+	delete(s.thawed, r.ID)
+	s.mu.Unlock()
 	if err := s.release(ctx, c); err != nil {
 		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: release deleted container")
 	} else if err := writeState(c.bundle, &c.state); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"sync"
 
-	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
-	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
-	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
@@ -108,27 +105,4 @@ func (s *Service) supervisorOf(id string) *supervisor {
 		return c.sup
 	}
 	return nil
-}
-
-// Pause freezes a task with runc's shim; a supervised task is let go first.
-func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
-	sup := s.supervisorOf(r.ID)
-	detached, err := sup.detach()
-	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
-	}
-	resp, err := s.TTRPCTaskService.Pause(ctx, r)
-	if err != nil && detached {
-		sup.attach(ctx)
-	}
-	return resp, err
-}
-
-// Resume thaws a task with runc's shim, then its supervisor attaches again.
-func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
-	resp, err := s.TTRPCTaskService.Resume(ctx, r)
-	if err == nil {
-		s.supervisorOf(r.ID).attach(ctx)
-	}
-	return resp, err
 }
