@@ -68,8 +68,20 @@ func (rw *rewriter) stage(ctx context.Context) error {
 			rewritten[criuimg.PagesPath(rw.imageDir, t.pm.PagesID)] = true
 		}
 	}
+	inv, err := inventorySkippingNetworkLock(rw.imageDir, rw.files)
+	if err != nil {
+		return err
+	}
+	if inv != nil {
+		rewritten[criuimg.InventoryPath(rw.imageDir)] = true
+	}
 	if err := linkTree(rw.imageDir, rw.staging, rewritten); err != nil {
 		return fmt.Errorf("staging: %w", err)
+	}
+	if inv != nil {
+		if err := criuimg.WriteImage(criuimg.InventoryPath(rw.staging), inv); err != nil {
+			return err
+		}
 	}
 	var memInfo os.FileInfo
 	if rw.mem != nil {

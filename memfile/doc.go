@@ -18,6 +18,15 @@
 // With RewriteOptions.FileRoot set, a dirty private file mapping (a
 // program's or library's .data) is converted too; see below.
 //
+// # CRIU's network lock
+//
+// A restore takes its network lock method from the dump's inventory. For a
+// task with its own network namespace the lock and unlock run
+// iptables-restore four to eight times, about 70 ms of every restore, to
+// keep packets away from TCP connections CRIU repairs. Unless the image holds
+// such a connection (a TCP socket neither listening nor closed: a dump with
+// --tcp-established), the rewrite sets the method to skip.
+//
 // # Wipe-on-fork memory
 //
 // CRIU neither records nor restores MADV_WIPEONFORK: it dumps such memory

@@ -47,6 +47,10 @@ func TestRewriteRestore(t *testing.T) {
 	}
 	// No private anonymous VMA with pages is left, and pages images are small.
 	checkNoAnonPages(t, dir)
+	// Without TCP connections, restores skip CRIU's network lock.
+	if inv, err := criuimg.ReadInventory(dir); err != nil || inv.GetNetworkLockMethod() != 2 {
+		t.Errorf("inventory network lock method %d (%v), want 2 (skip)", inv.GetNetworkLockMethod(), err)
+	}
 
 	a, b := e.restore(dir), e.restore(dir)
 	for _, c := range []int{a, b} {
