@@ -125,7 +125,11 @@ func TestCRICheckpointForkPod(t *testing.T) {
 	c := startCRI(t)
 	ctx := c.ctx(t)
 	parentPod := c.runPod(t, ctx, "parent", true, nil)
-	parent := c.run(t, ctx, parentPod, parentPod.containerConfig("counter", harness.PythonImage, workloads.CounterArgs(64), nil))
+	// The parent writes its layer: a new file, a deleted one, and a file it
+	// keeps open (CRIU needs it at restore).
+	args := []string{"sh", "-c", "echo from-parent > /marker && rm /etc/debian_version && exec 3>>/held-open && exec " +
+		strings.Join(workloads.CounterArgs(64), " ")}
+	parent := c.run(t, ctx, parentPod, parentPod.containerConfig("counter", harness.PythonImage, args, nil))
 	plog := parentPod.logPath("counter")
 	if _, err := waitTickAbove(ctx, plog, 2); err != nil {
 		t.Fatal(err)
@@ -184,7 +188,7 @@ func TestCRICheckpointForkPod(t *testing.T) {
 
 	// The fork as a pod.
 	forkPod := c.runPod(t, ctx, "fork", true, map[string]string{"lazyfork.io/fork-of": archive})
-	fork := c.run(t, ctx, forkPod, forkPod.containerConfig("counter", harness.PythonImage, workloads.CounterArgs(64), nil))
+	fork := c.run(t, ctx, forkPod, forkPod.containerConfig("counter", harness.PythonImage, args, nil))
 	flog := forkPod.logPath("counter")
 	first, err := waitTickAbove(ctx, flog, 0)
 	if err != nil {
@@ -209,6 +213,11 @@ func TestCRICheckpointForkPod(t *testing.T) {
 		pst.GetStats().GetMemory().GetUsageBytes().GetValue(), usage, before, after, first)
 	if usage == 0 || usage >= 2<<20 {
 		t.Errorf("fork memory %d B, want under 2 MB", usage)
+	}
+	// The fork's filesystem is its parent's (the archive's rootfs-diff.tar).
+	if out, code, err := c.execSync(ctx, fork, "sh", "-c", "cat /marker; test -e /etc/debian_version && echo still-there; test -e /held-open && echo held"); err != nil || code != 0 ||
+		strings.Fields(out) == nil || strings.Join(strings.Fields(out), " ") != "from-parent held" {
+		t.Errorf("fork's files: %q (exit %d, %v); want the parent's /marker and /held-open, no /etc/debian_version", out, code, err)
 	}
 	// The fork is a real pod: listed, stopped and removed like any other.
 	l, err := c.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: forkPod.id}})

@@ -5,6 +5,7 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -15,6 +16,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/archive"
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
@@ -161,4 +165,64 @@ func unpackCheckpoint(archive, dst string) error {
 		return fmt.Errorf("no %s/ entries (not a containerd checkpoint archive): %w", archiveCheckpointDir, errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// archiveRootfsDiff is the entry of containerd's CRI checkpoint archive that
+// holds the container's writable layer as a (gzipped) layer tar.
+const archiveRootfsDiff = "rootfs-diff.tar"
+
+// applyRootfsDiff applies the writable layer recorded in a CRI checkpoint
+// archive to a fork's fresh root filesystem, mounted for the purpose: the
+// fork then sees the files its parent wrote and not those it deleted, and
+// CRIU finds the files the dumped processes hold open. It reports whether
+// the archive had a layer. The layer is untrusted input; containerd's layer
+// applier keeps every path inside the root.
+func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mount) (bool, error) {
+	f, err := os.Open(archivePath)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	outer, err := compression.DecompressStream(f)
+	if err != nil {
+		return false, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	defer outer.Close()
+	tr := tar.NewReader(outer)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("read: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		if path.Clean(strings.TrimPrefix(h.Name, "./")) == archiveRootfsDiff && h.Typeflag == tar.TypeReg {
+			break
+		}
+	}
+	if len(rootfs) == 0 {
+		return true, fmt.Errorf("the archive has a writable layer but the container has no rootfs mounts to apply it to: %w", errdefs.ErrFailedPrecondition)
+	}
+	layer, err := compression.DecompressStream(tr)
+	if err != nil {
+		return true, fmt.Errorf("%s: %v: %w", archiveRootfsDiff, err, errdefs.ErrInvalidArgument)
+	}
+	defer layer.Close()
+	target, err := os.MkdirTemp("", "lazyfork-rootfs-")
+	if err != nil {
+		return true, err
+	}
+	defer os.Remove(target)
+	if err := mount.All(rootfs, target); err != nil {
+		return true, fmt.Errorf("mount the fork's rootfs: %w", err)
+	}
+	_, err = archive.Apply(ctx, target, layer)
+	if uerr := mount.UnmountAll(target, 0); uerr != nil && err == nil {
+		err = fmt.Errorf("unmount the fork's rootfs: %w", uerr)
+	}
+	if err != nil {
+		return true, fmt.Errorf("%s: %w", archiveRootfsDiff, err)
+	}
+	return true, nil
 }

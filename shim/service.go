@@ -15,6 +15,7 @@ import (
 	cgroupsv2 "github.com/containerd/cgroups/v3/cgroup2"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oom"
 	oomv1 "github.com/containerd/containerd/v2/pkg/oom/v1"
@@ -180,6 +181,15 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		r.Checkpoint = dir
 		if _, err := memfile.ReadSnapshot(dir); err != nil {
 			return nil, fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
+		}
+		if unpacked != "" {
+			// CRI prepared the image's rootfs; the parent's writable layer
+			// goes on top of it before runc mounts it.
+			applied, err := applyRootfsDiff(ctx, ref, mount.FromProto(r.Rootfs))
+			if err != nil {
+				return nil, fmt.Errorf("annotation %s: checkpoint archive %s: %w", AnnotationForkOf, ref, err)
+			}
+			log.G(ctx).WithFields(log.Fields{"id": r.ID, "rootfs_diff": applied}).Debug("lazyfork: fork-of archive")
 		}
 	}
 	var snap *memfile.SnapshotInfo
@@ -426,9 +436,12 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	// runc's shim mounts the container's rootfs at bundle/rootfs.
 	ropts := memfile.RewriteOptions{Family: st.Family, MapDir: memfile.MountPath, FileRoot: filepath.Join(ts.Bundle, "rootfs")}
-	// CRIU drops MADV_WIPEONFORK: read it from the live tree around the dump
-	// (a frozen task reads the same twice).
+	// CRIU drops MADV_WIPEONFORK: read it from the tree before the dump and,
+	// unless the task is frozen (nothing changes then), after it too.
+	t0 := time.Now()
+	frozen := ts.Status == tasktypes.Status_PAUSED
 	ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
+	tWipe := time.Since(t0)
 	// CRIU cannot dump a traced task: a zero-mode supervisor lets go for the
 	// dump (Pause already did, for a frozen task).
 	sup := s.supervisorOf(r.ID)
@@ -436,21 +449,26 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint of %s: %w", r.ID, err))
 	}
+	t1 := time.Now()
 	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
 		if detached {
 			sup.attach(ctx)
 		}
 		return nil, withCRIULog(err, filepath.Join(ts.Bundle, "criu-dump.log"))
 	}
+	tDump := time.Since(t1)
 	if !opts.GetExit() {
-		ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), ropts.WipeOnFork)
+		if !frozen {
+			ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), ropts.WipeOnFork)
+		}
 		if detached {
 			sup.attach(ctx)
 		}
-		if ts.Status == tasktypes.Status_PAUSED {
+		if frozen {
 			s.thawBeforeRewrite(ctx, r.ID, r.Path)
 		}
 	}
+	tThawed := time.Since(t0)
 	store, err := s.Store()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -495,6 +513,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
 		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
+		"wipe_read": tWipe, "dump": tDump, "until_thaw": tThawed,
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
 }
