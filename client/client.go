@@ -138,7 +138,7 @@ func (c *Client) removeSnapshot(family, snapDir string) error {
 }
 
 // snapshotHolder is the reference memfile's Rewrite gives a snapshot by default.
-func snapshotHolder(imageDir string) string { return "snapshot:" + imageDir }
+func snapshotHolder(imageDir string) string { return memfile.HolderSnapshot + imageDir }
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -120,6 +120,13 @@ func (p *pod) containerConfig(name, image string, args []string, annotations map
 		Command:     args,
 		LogPath:     name + ".log",
 		Annotations: annotations,
+		// kubelet's labels, by which lazyfork.io/fork-of finds a container.
+		Labels: map[string]string{
+			"io.kubernetes.pod.name":       p.cfg.Metadata.Name,
+			"io.kubernetes.pod.namespace":  p.cfg.Metadata.Namespace,
+			"io.kubernetes.pod.uid":        p.cfg.Metadata.Uid,
+			"io.kubernetes.container.name": name,
+		},
 		Linux: &runtimeapi.LinuxContainerConfig{
 			SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
 				NamespaceOptions: p.cfg.Linux.SecurityContext.NamespaceOptions,

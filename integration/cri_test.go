@@ -2,6 +2,7 @@ package integration
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -125,11 +126,7 @@ func TestCRICheckpointForkPod(t *testing.T) {
 	c := startCRI(t)
 	ctx := c.ctx(t)
 	parentPod := c.runPod(t, ctx, "parent", true, nil)
-	// The parent writes its layer: a new file, a deleted one, and a file it
-	// keeps open (CRIU needs it at restore).
-	args := []string{"sh", "-c", "echo from-parent > /marker && rm /etc/debian_version && exec 3>>/held-open && exec " +
-		strings.Join(workloads.CounterArgs(64), " ")}
-	parent := c.run(t, ctx, parentPod, parentPod.containerConfig("counter", harness.PythonImage, args, nil))
+	parent := c.run(t, ctx, parentPod, parentPod.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
 	plog := parentPod.logPath("counter")
 	if _, err := waitTickAbove(ctx, plog, 2); err != nil {
 		t.Fatal(err)
@@ -188,7 +185,7 @@ func TestCRICheckpointForkPod(t *testing.T) {
 
 	// The fork as a pod.
 	forkPod := c.runPod(t, ctx, "fork", true, map[string]string{"lazyfork.io/fork-of": archive})
-	fork := c.run(t, ctx, forkPod, forkPod.containerConfig("counter", harness.PythonImage, args, nil))
+	fork := c.run(t, ctx, forkPod, forkPod.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
 	flog := forkPod.logPath("counter")
 	first, err := waitTickAbove(ctx, flog, 0)
 	if err != nil {
@@ -215,10 +212,7 @@ func TestCRICheckpointForkPod(t *testing.T) {
 		t.Errorf("fork memory %d B, want under 2 MB", usage)
 	}
 	// The fork's filesystem is its parent's (the archive's rootfs-diff.tar).
-	if out, code, err := c.execSync(ctx, fork, "sh", "-c", "cat /marker; test -e /etc/debian_version && echo still-there; test -e /held-open && echo held"); err != nil || code != 0 ||
-		strings.Fields(out) == nil || strings.Join(strings.Fields(out), " ") != "from-parent held" {
-		t.Errorf("fork's files: %q (exit %d, %v); want the parent's /marker and /held-open, no /etc/debian_version", out, code, err)
-	}
+	c.checkParentLayer(t, ctx, fork)
 	// The fork is a real pod: listed, stopped and removed like any other.
 	l, err := c.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: forkPod.id}})
 	if err != nil || len(l.Containers) != 1 || l.Containers[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING {
@@ -293,4 +287,80 @@ func extractCheckpoint(t *testing.T, archive string) string {
 		}
 	}
 	return dst
+}
+
+// layerWriterArgs run the counter after writing the container's layer: a new
+// file, a deleted one, and a file the counter keeps open (CRIU needs it at
+// restore).
+var layerWriterArgs = []string{"sh", "-c", "echo from-parent > /marker && rm /etc/debian_version && exec 3>>/held-open && exec " +
+	strings.Join(workloads.CounterArgs(64), " ")}
+
+// checkParentLayer checks that a fork of a layerWriterArgs container sees its
+// parent's layer.
+func (c *criEnv) checkParentLayer(t *testing.T, ctx context.Context, fork string) {
+	t.Helper()
+	out, code, err := c.execSync(ctx, fork, "sh", "-c", "cat /marker; test -e /etc/debian_version && echo still-there; test -e /held-open && echo held")
+	if err != nil || code != 0 || strings.Join(strings.Fields(out), " ") != "from-parent held" {
+		t.Errorf("fork's files: %q (exit %d, %v); want the parent's /marker and /held-open, no /etc/debian_version", out, code, err)
+	}
+}
+
+// TestCRIForkOfRunningContainer: lazyfork.io/fork-of names a running container
+// (as NAMESPACE/POD/CONTAINER, or by id): the fork's start snapshots it, the
+// fork continues its counter with its files and under 2 MB, the parent keeps
+// running, and removing the fork leaves no snapshot behind. A name that is
+// not running fails StartContainer, naming the annotation.
+func TestCRIForkOfRunningContainer(t *testing.T) {
+	c := startCRI(t)
+	ctx := c.ctx(t)
+	snapshots := filepath.Join(c.Root, "snapshots")
+	parentPod := c.runPod(t, ctx, "web", true, nil)
+	parent := c.run(t, ctx, parentPod, parentPod.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
+	plog := parentPod.logPath("counter")
+	if _, err := waitTickAbove(ctx, plog, 2); err != nil {
+		t.Fatal(err)
+	}
+
+	bp := c.runPod(t, ctx, "bad", true, map[string]string{"lazyfork.io/fork-of": "default/nope/counter"})
+	id, err := c.create(ctx, bp, bp.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err == nil || !strings.Contains(err.Error(), "lazyfork.io/fork-of") {
+		t.Errorf("fork-of a pod that does not exist: StartContainer %v, want an error naming the annotation", err)
+	}
+	c.stopRemove(t, ctx, bp)
+
+	for _, ref := range []string{"default/" + parentPod.cfg.Metadata.Name + "/counter", parent} {
+		before := lastOf(ticks(plog))
+		forkPod := c.runPod(t, ctx, "web-fork", true, map[string]string{"lazyfork.io/fork-of": ref})
+		fork := c.run(t, ctx, forkPod, forkPod.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
+		flog := forkPod.logPath("counter")
+		first, err := waitTickAbove(ctx, flog, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first <= before {
+			t.Fatalf("fork-of %s: first tick %d, the parent was at %d before: it did not continue", ref, first, before)
+		}
+		if lines, _ := criLines(flog); len(lines) > 0 && workloads.IsReady(lines[0]) {
+			t.Fatalf("fork-of %s started afresh: %q", ref, lines[0])
+		}
+		c.checkParentLayer(t, ctx, fork)
+		st, err := c.rt.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: fork})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if usage := st.Stats.GetMemory().GetUsageBytes().GetValue(); usage == 0 || usage >= 2<<20 {
+			t.Errorf("fork-of %s: memory %d B, want under 2 MB", ref, usage)
+		}
+		c.stopRemove(t, ctx, forkPod)
+		if ents, _ := os.ReadDir(snapshots); len(ents) != 0 {
+			t.Errorf("fork-of %s left %v in %s after its pod went", ref, ents, snapshots)
+		}
+		if _, err := waitTickAbove(ctx, plog, lastOf(ticks(plog))); err != nil {
+			t.Fatalf("parent stopped after fork-of %s: %v", ref, err)
+		}
+	}
+	c.stopRemove(t, ctx, parentPod)
 }

@@ -31,7 +31,8 @@ const (
 	// "refuse" (default), "zero" or "off" (see memfile/madvguard).
 	AnnotationMadvise = "lazyfork.io/madvise"
 	// AnnotationForkOf in a container's spec names a LazyFork snapshot
-	// directory (or a checkpoint archive containerd wrote) the container is
+	// directory, a checkpoint archive containerd wrote, or a running LazyFork
+	// container (its id, or NAMESPACE/POD/CONTAINER) the container is
 	// restored from instead of started fresh: a fork as a Kubernetes pod.
 	AnnotationForkOf = "lazyfork.io/fork-of"
 	// AnnotationForkContainer limits lazyfork.io/fork-of, set on a pod (CRI

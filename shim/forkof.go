@@ -16,12 +16,15 @@ import (
 	"path/filepath"
 	"strings"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -68,7 +71,7 @@ func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr
 	switch {
 	case fi.IsDir():
 		if _, err := memfile.ReadSnapshot(ref); err != nil {
-			return "", "", fmt.Errorf("annotation %s: %s is not a LazyFork snapshot: %w", AnnotationForkOf, ref, err)
+			return "", "", fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
 		}
 		return ref, "", nil
 	case fi.Mode().IsRegular():
@@ -225,4 +228,77 @@ func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mou
 		return true, fmt.Errorf("%s: %w", archiveRootfsDiff, err)
 	}
 	return true, nil
+}
+
+// CRI's labels on a pod's containers.
+const (
+	labelPodNamespace = "io.kubernetes.pod.namespace"
+	labelPodName      = "io.kubernetes.pod.name"
+	labelContainer    = "io.kubernetes.container.name"
+)
+
+// snapshotRunning serves a lazyfork.io/fork-of that names a running LazyFork
+// container instead of a path: its id, or NAMESPACE/POD/CONTAINER as
+// Kubernetes names it. Through containerd (GRPC_ADDRESS, which containerd
+// gives every shim) it snapshots the container like `lazyfork checkpoint` and
+// copies the parent's writable layer into the fork's rootfs. The snapshot's
+// directory under ROOT/snapshots belongs to the fork (unpacked) and goes with
+// it; the parent keeps running.
+func (s *Service) snapshotRunning(ctx context.Context, ns, ref string, rootfs []mount.Mount) (dir, unpacked string, retErr error) {
+	addr := os.Getenv("GRPC_ADDRESS")
+	if addr == "" {
+		return "", "", fmt.Errorf("annotation %s=%q names a container, but the shim does not know containerd's address (GRPC_ADDRESS): %w", AnnotationForkOf, ref, errdefs.ErrFailedPrecondition)
+	}
+	cd, err := containerd.New(addr, containerd.WithDefaultNamespace(ns))
+	if err != nil {
+		return "", "", fmt.Errorf("annotation %s: connect to containerd: %w", AnnotationForkOf, err)
+	}
+	defer cd.Close()
+	ctx = namespaces.WithNamespace(ctx, ns)
+	id, err := runningContainer(ctx, cd, ref)
+	if err != nil {
+		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
+	}
+	lf := lfclient.New(cd, lfclient.WithRoot(s.cfg.Root))
+	image, err := lf.SnapshotForRootfs(ctx, id, rootfs)
+	if err != nil {
+		return "", "", fmt.Errorf("annotation %s=%q: snapshot of %s: %w", AnnotationForkOf, ref, id, err)
+	}
+	return image, filepath.Dir(image), nil
+}
+
+// runningContainer resolves a container id, or NAMESPACE/POD/CONTAINER, to the
+// id of a container of that name with a running task.
+func runningContainer(ctx context.Context, cd *containerd.Client, ref string) (string, error) {
+	parts := strings.Split(ref, "/")
+	switch len(parts) {
+	case 1:
+		return ref, nil
+	case 3:
+	default:
+		return "", fmt.Errorf("want an absolute path, a container id or NAMESPACE/POD/CONTAINER: %w", errdefs.ErrInvalidArgument)
+	}
+	filter := fmt.Sprintf(`labels.%q==%q,labels.%q==%q,labels.%q==%q`,
+		labelPodNamespace, parts[0], labelPodName, parts[1], labelContainer, parts[2])
+	ctrs, err := cd.Containers(ctx, filter)
+	if err != nil {
+		return "", err
+	}
+	var running []string
+	for _, c := range ctrs {
+		t, err := c.Task(ctx, nil)
+		if err != nil {
+			continue
+		}
+		if st, err := t.Status(ctx); err == nil && st.Status == containerd.Running {
+			running = append(running, c.ID())
+		}
+	}
+	switch len(running) {
+	case 1:
+		return running[0], nil
+	case 0:
+		return "", fmt.Errorf("no running container %s in pod %s/%s (%d by that name): %w", parts[2], parts[0], parts[1], len(ctrs), errdefs.ErrNotFound)
+	}
+	return "", fmt.Errorf("%d running containers %s in pod %s/%s: %w", len(running), parts[2], parts[0], parts[1], errdefs.ErrFailedPrecondition)
 }

@@ -168,7 +168,12 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	if ref := forkOf(spec.Annotations); ref != "" && r.Checkpoint == "" {
 		// A fork as a pod: CRI cannot restore, so the container names its
 		// snapshot in an annotation and runc restores it at Start.
-		dir, tmp, err := resolveForkOf(s.cfg, ns, r.ID, ref)
+		var dir, tmp string
+		if filepath.IsAbs(ref) {
+			dir, tmp, err = resolveForkOf(s.cfg, ns, r.ID, ref)
+		} else {
+			dir, tmp, err = s.snapshotRunning(ctx, ns, ref, mount.FromProto(r.Rootfs))
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -182,7 +187,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		if _, err := memfile.ReadSnapshot(dir); err != nil {
 			return nil, fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
 		}
-		if unpacked != "" {
+		if unpacked != "" && filepath.IsAbs(ref) {
 			// CRI prepared the image's rootfs; the parent's writable layer
 			// goes on top of it before runc mounts it.
 			applied, err := applyRootfsDiff(ctx, ref, mount.FromProto(r.Rootfs))
@@ -291,7 +296,10 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 	if st.Snapshot != "" {
 		removeCgroup(ctx, st.CgroupsPath)
 	}
+	holders := []string{st.Holder, exportHolder(st.Namespace, st.ID)}
 	if st.Unpacked != "" {
+		// A snapshot of a running parent holds its files as any kept snapshot.
+		holders = append(holders, memfile.HolderSnapshot+filepath.Join(st.Unpacked, "image"))
 		// Only ever a directory this shim made under ROOT/snapshots.
 		if filepath.Dir(st.Unpacked) == filepath.Join(cfg.Root, "snapshots") {
 			if err := os.RemoveAll(st.Unpacked); err != nil {
@@ -307,7 +315,7 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 	if err != nil {
 		return err
 	}
-	for _, h := range []string{st.Holder, exportHolder(st.Namespace, st.ID)} {
+	for _, h := range holders {
 		if h == "" {
 			continue
 		}

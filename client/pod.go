@@ -1,0 +1,90 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+)
+
+// SnapshotForRootfs snapshots the running container id, as Checkpoint does,
+// for one fork whose root filesystem was prepared elsewhere from the parent's
+// image (a pod's container, prepared by CRI): it copies the parent's writable
+// layer into the upper directory of rootfs and returns the snapshot's image
+// directory. The snapshot no longer needs the parent's layer; it keeps its own
+// memory-file reference until RemoveSnapshot.
+func (c *Client) SnapshotForRootfs(ctx context.Context, id string, rootfs []mount.Mount) (imageDir string, retErr error) {
+	upper, err := upperOf(rootfs)
+	if err != nil {
+		return "", fmt.Errorf("the fork's rootfs: %w", err)
+	}
+	res, err := c.Checkpoint(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	imageDir = res.Snapshot
+	defer func() {
+		if retErr != nil {
+			if err := c.RemoveSnapshot(context.WithoutCancel(ctx), imageDir); err != nil {
+				log.G(ctx).WithError(err).WithField("snapshot", imageDir).Warn("lazyfork: remove snapshot")
+			}
+		}
+	}()
+	snapDir := filepath.Dir(imageDir)
+	rfs, err := readRootfsSource(snapDir)
+	if err != nil {
+		return "", err
+	}
+	layer := rfs.UpperCopy
+	if rfs.Frozen != "" {
+		info, err := c.cd.ContainerService().Get(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		sn := c.cd.SnapshotService(info.Snapshotter)
+		view := "lazyfork-view-" + randomHex(6)
+		mounts, err := sn.View(ctx, view, rfs.Frozen)
+		if err != nil {
+			return "", fmt.Errorf("view frozen layer %s: %w", rfs.Frozen, err)
+		}
+		defer func() {
+			if err := sn.Remove(context.WithoutCancel(ctx), view); err != nil && !errdefs.IsNotFound(err) {
+				log.G(ctx).WithError(err).WithField("view", view).Warn("lazyfork: remove view")
+			}
+		}()
+		if layer, err = topLayer(mounts); err != nil {
+			return "", fmt.Errorf("frozen layer %s: %w", rfs.Frozen, err)
+		}
+	}
+	if err := copyLayer(upper, layer); err != nil {
+		return "", fmt.Errorf("copy %s's writable layer into the fork's: %w", id, err)
+	}
+	// The layer lives in the fork now.
+	if rfs.Frozen != "" {
+		c.releaseFrozen(ctx, rfs.Frozen)
+	}
+	return imageDir, errors.Join(os.RemoveAll(filepath.Join(snapDir, "upper")), os.Remove(filepath.Join(snapDir, "rootfs.json")))
+}
+
+// topLayer is the directory of the topmost layer of a read-only view: the
+// first lowerdir of an overlay, or the source of a single bind mount.
+func topLayer(mounts []mount.Mount) (string, error) {
+	if len(mounts) == 1 {
+		m := mounts[0]
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+				return strings.Split(v, ":")[0], nil
+			}
+		}
+		if m.Type == "bind" || m.Type == "rbind" {
+			return m.Source, nil
+		}
+	}
+	return "", fmt.Errorf("view mounts %v have no layer directory: %w", mounts, errdefs.ErrNotImplemented)
+}
