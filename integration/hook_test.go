@@ -18,19 +18,20 @@ import (
 	"github.com/lazyfork/lazyfork/integration/harness"
 )
 
-// buildAgent builds examples/agent statically (it runs in busybox).
-func buildAgent(t *testing.T) string {
+// buildStatic builds the command in the repository's package pkg (e.g.
+// "./examples/agent") as a static binary, for a busybox container.
+func buildStatic(t *testing.T, pkg string) string {
 	t.Helper()
 	repo, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "agent")
-	cmd := exec.Command("go", "build", "-o", out, "./examples/agent")
+	out := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build agent: %v\n%s", err, b)
+		t.Fatalf("build %s: %v\n%s", pkg, err, b)
 	}
 	return out
 }
@@ -57,7 +58,7 @@ func countLines(t *testing.T, path string, re *regexp.Regexp) int {
 func TestHook(t *testing.T) {
 	e := startLF(t, harness.Options{})
 	ctx := e.ctx(t)
-	agent := buildAgent(t)
+	agent := buildStatic(t, "./examples/agent")
 	img, err := e.ImportImage(ctx, "busybox")
 	if err != nil {
 		t.Fatal(err)

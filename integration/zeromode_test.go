@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -19,23 +17,6 @@ import (
 
 	"github.com/lazyfork/lazyfork/integration/harness"
 )
-
-// buildPurger builds internal/workloads/purger static, for a busybox container.
-func buildPurger(t *testing.T) string {
-	t.Helper()
-	repo, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(t.TempDir(), "purger")
-	cmd := exec.Command("go", "build", "-o", out, "./internal/workloads/purger")
-	cmd.Dir = repo
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build purger: %v\n%s", err, b)
-	}
-	return out
-}
 
 // purge asks the purger in task to purge its next chunk and returns the
 // report's fields.
@@ -114,7 +95,7 @@ func mapsFile(t *testing.T, pid uint32, addr uint64) string {
 func TestZeroModeForks(t *testing.T) {
 	e := startLF(t, harness.Options{})
 	ctx := e.ctx(t)
-	purger := buildPurger(t)
+	purger := buildStatic(t, "./internal/workloads/purger")
 	img, err := e.ImportImage(ctx, "busybox")
 	if err != nil {
 		t.Fatal(err)
