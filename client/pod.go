@@ -16,13 +16,12 @@ import (
 // SnapshotForRootfs snapshots the running container id, as Checkpoint does,
 // for one fork whose root filesystem was prepared elsewhere from the parent's
 // image (a pod's container, prepared by CRI): it copies the parent's writable
-// layer into the upper directory of rootfs and returns the snapshot's image
-// directory. The snapshot no longer needs the parent's layer; it keeps its own
-// memory-file reference until RemoveSnapshot.
-func (c *Client) SnapshotForRootfs(ctx context.Context, id string, rootfs []mount.Mount) (imageDir string, retErr error) {
-	upper, err := upperOf(rootfs)
-	if err != nil {
-		return "", fmt.Errorf("the fork's rootfs: %w", err)
+// layer into upper, the upper directory of that root filesystem, and returns
+// the snapshot's image directory. The snapshot no longer needs the parent's
+// layer; it keeps its own memory-file reference until RemoveSnapshot.
+func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (imageDir string, retErr error) {
+	if st, err := os.Stat(upper); err != nil || !st.IsDir() {
+		return "", fmt.Errorf("the fork's upper directory %s: %w", upper, errdefs.ErrInvalidArgument)
 	}
 	res, err := c.Checkpoint(ctx, id)
 	if err != nil {

@@ -12,19 +12,17 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -230,75 +228,51 @@ func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mou
 	return true, nil
 }
 
-// CRI's labels on a pod's containers.
-const (
-	labelPodNamespace = "io.kubernetes.pod.namespace"
-	labelPodName      = "io.kubernetes.pod.name"
-	labelContainer    = "io.kubernetes.container.name"
-)
-
 // snapshotRunning serves a lazyfork.io/fork-of that names a running LazyFork
 // container instead of a path: its id, or NAMESPACE/POD/CONTAINER as
-// Kubernetes names it. Through containerd (GRPC_ADDRESS, which containerd
-// gives every shim) it snapshots the container like `lazyfork checkpoint` and
-// copies the parent's writable layer into the fork's rootfs. The snapshot's
-// directory under ROOT/snapshots belongs to the fork (unpacked) and goes with
-// it; the parent keeps running.
+// Kubernetes names it. `lazyfork pod-snapshot` (beside this binary, or on
+// PATH) snapshots it through containerd (GRPC_ADDRESS, which containerd gives
+// every shim) like `lazyfork checkpoint`, and copies the parent's writable
+// layer into the fork's upper directory. The snapshot's directory under
+// ROOT/snapshots belongs to the fork (unpacked) and goes with it; the parent
+// keeps running.
 func (s *Service) snapshotRunning(ctx context.Context, ns, ref string, rootfs []mount.Mount) (dir, unpacked string, retErr error) {
 	addr := os.Getenv("GRPC_ADDRESS")
 	if addr == "" {
 		return "", "", fmt.Errorf("annotation %s=%q names a container, but the shim does not know containerd's address (GRPC_ADDRESS): %w", AnnotationForkOf, ref, errdefs.ErrFailedPrecondition)
 	}
-	cd, err := containerd.New(addr, containerd.WithDefaultNamespace(ns))
-	if err != nil {
-		return "", "", fmt.Errorf("annotation %s: connect to containerd: %w", AnnotationForkOf, err)
-	}
-	defer cd.Close()
-	ctx = namespaces.WithNamespace(ctx, ns)
-	id, err := runningContainer(ctx, cd, ref)
+	upper, err := upperDirOf(rootfs)
 	if err != nil {
 		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
 	}
-	lf := lfclient.New(cd, lfclient.WithRoot(s.cfg.Root))
-	image, err := lf.SnapshotForRootfs(ctx, id, rootfs)
-	if err != nil {
-		return "", "", fmt.Errorf("annotation %s=%q: snapshot of %s: %w", AnnotationForkOf, ref, id, err)
+	bin := filepath.Join(filepath.Dir(s.self), "lazyfork")
+	if _, err := os.Stat(bin); err != nil {
+		if bin, err = exec.LookPath("lazyfork"); err != nil {
+			return "", "", fmt.Errorf("annotation %s=%q names a container: the lazyfork command is neither beside the shim nor on PATH: %w", AnnotationForkOf, ref, errdefs.ErrFailedPrecondition)
+		}
+	}
+	cmd := exec.CommandContext(ctx, bin, "--address", addr, "--namespace", ns, "--root", s.cfg.Root, "pod-snapshot", "--upper", upper, ref)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(stderr.String()), "lazyfork:"))
+		return "", "", fmt.Errorf("annotation %s=%q: %s: %w", AnnotationForkOf, ref, msg, errdefs.ErrFailedPrecondition)
+	}
+	image := strings.TrimSpace(stdout.String())
+	if filepath.Dir(filepath.Dir(image)) != filepath.Join(s.cfg.Root, "snapshots") {
+		return "", "", fmt.Errorf("annotation %s=%q: lazyfork pod-snapshot printed %q, not a snapshot under %s", AnnotationForkOf, ref, image, s.cfg.Root)
 	}
 	return image, filepath.Dir(image), nil
 }
 
-// runningContainer resolves a container id, or NAMESPACE/POD/CONTAINER, to the
-// id of a container of that name with a running task.
-func runningContainer(ctx context.Context, cd *containerd.Client, ref string) (string, error) {
-	parts := strings.Split(ref, "/")
-	switch len(parts) {
-	case 1:
-		return ref, nil
-	case 3:
-	default:
-		return "", fmt.Errorf("want an absolute path, a container id or NAMESPACE/POD/CONTAINER: %w", errdefs.ErrInvalidArgument)
-	}
-	filter := fmt.Sprintf(`labels.%q==%q,labels.%q==%q,labels.%q==%q`,
-		labelPodNamespace, parts[0], labelPodName, parts[1], labelContainer, parts[2])
-	ctrs, err := cd.Containers(ctx, filter)
-	if err != nil {
-		return "", err
-	}
-	var running []string
-	for _, c := range ctrs {
-		t, err := c.Task(ctx, nil)
-		if err != nil {
-			continue
-		}
-		if st, err := t.Status(ctx); err == nil && st.Status == containerd.Running {
-			running = append(running, c.ID())
+// upperDirOf finds the upper directory of a fork's overlay rootfs.
+func upperDirOf(rootfs []mount.Mount) (string, error) {
+	for _, m := range rootfs {
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+				return v, nil
+			}
 		}
 	}
-	switch len(running) {
-	case 1:
-		return running[0], nil
-	case 0:
-		return "", fmt.Errorf("no running container %s in pod %s/%s (%d by that name): %w", parts[2], parts[0], parts[1], len(ctrs), errdefs.ErrNotFound)
-	}
-	return "", fmt.Errorf("%d running containers %s in pod %s/%s: %w", len(running), parts[2], parts[0], parts[1], errdefs.ErrFailedPrecondition)
+	return "", fmt.Errorf("the fork's rootfs %v has no overlay upper directory for its parent's layer: %w", rootfs, errdefs.ErrNotImplemented)
 }

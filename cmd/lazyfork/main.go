@@ -42,6 +42,7 @@ type command struct {
 	flags   func(fs *flag.FlagSet) // registers the command's own flags
 	run     func(a *app, fs *flag.FlagSet, pos, cmd []string) error
 	noConn  bool // needs no containerd connection
+	hidden  bool // for LazyFork's own use: not in the command list
 }
 
 var commands = map[string]*command{}
@@ -116,6 +117,9 @@ Commands:
 	sort.Strings(names)
 	for _, n := range names {
 		c := commands[n]
+		if c.hidden {
+			continue
+		}
 		fmt.Fprintf(w, "  %-8s %s\n", n, c.short)
 	}
 	fmt.Fprint(w, `

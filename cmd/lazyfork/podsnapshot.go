@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+)
+
+// CRI's labels on a pod's containers (set by kubelet).
+const (
+	labelPodNamespace = "io.kubernetes.pod.namespace"
+	labelPodName      = "io.kubernetes.pod.name"
+	labelContainer    = "io.kubernetes.container.name"
+)
+
+// pod-snapshot serves the shim: a pod annotated lazyfork.io/fork-of with a
+// running container's name. It runs as its own process so that the shim,
+// one per family and long-lived, does not carry a containerd client.
+func init() {
+	var upper string
+	register(&command{
+		name:   "pod-snapshot",
+		args:   "--upper DIR REF",
+		hidden: true,
+		short:  "(for the shim) snapshot running container REF (an id, or NAMESPACE/POD/CONTAINER) for a fork whose rootfs has upper directory DIR; print the image directory",
+		example: `  # what the shim runs for a pod annotated lazyfork.io/fork-of: default/web/app
+  lazyfork --namespace k8s.io pod-snapshot --upper /var/lib/.../snapshots/42/fs default/web/app`,
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&upper, "upper", "", "the fork's upper directory, which gets the parent's writable layer")
+		},
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 1, "REF"); err != nil {
+				return err
+			}
+			if upper == "" {
+				return fmt.Errorf("--upper is required: %w", errdefs.ErrInvalidArgument)
+			}
+			id, err := runningContainer(a.ctx, a.cd, pos[0])
+			if err != nil {
+				return err
+			}
+			image, err := a.lf.SnapshotForRootfs(a.ctx, id, upper)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out, image)
+			return nil
+		},
+	})
+}
+
+// runningContainer resolves a container id, or NAMESPACE/POD/CONTAINER, to the
+// id of a container of that name with a running task.
+func runningContainer(ctx context.Context, cd *containerd.Client, ref string) (string, error) {
+	parts := strings.Split(ref, "/")
+	switch len(parts) {
+	case 1:
+		return ref, nil
+	case 3:
+	default:
+		return "", fmt.Errorf("%q: want a container id or NAMESPACE/POD/CONTAINER: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	filter := fmt.Sprintf(`labels.%q==%q,labels.%q==%q,labels.%q==%q`,
+		labelPodNamespace, parts[0], labelPodName, parts[1], labelContainer, parts[2])
+	ctrs, err := cd.Containers(ctx, filter)
+	if err != nil {
+		return "", err
+	}
+	var running []string
+	for _, c := range ctrs {
+		t, err := c.Task(ctx, nil)
+		if err != nil {
+			continue
+		}
+		if st, err := t.Status(ctx); err == nil && st.Status == containerd.Running {
+			running = append(running, c.ID())
+		}
+	}
+	switch len(running) {
+	case 1:
+		return running[0], nil
+	case 0:
+		return "", fmt.Errorf("no running container %s in pod %s/%s (%d by that name): %w", parts[2], parts[0], parts[1], len(ctrs), errdefs.ErrNotFound)
+	}
+	return "", fmt.Errorf("%d running containers %s in pod %s/%s: %w", len(running), parts[2], parts[0], parts[1], errdefs.ErrFailedPrecondition)
+}
