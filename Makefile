@@ -12,13 +12,13 @@ COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-m
 export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
 .PHONY: all help build install uninstall deps images test integration check demo \
-	bench-baseline bench-memfile bench-fork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity \
+	bench-baseline bench-memfile bench-fork bench-fork-100 bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity \
 	proto proto-check lint clean
 
 all: build
 
 help: ## this list
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 build: ## build every binary into bin/
 	@mkdir -p $(BINDIR)
@@ -58,6 +58,9 @@ bench-memfile: ## memfile restore vs plain CRIU restore, 64 MiB..2 GiB heaps
 
 bench-fork: build ## LazyFork fork vs plain restore through containerd
 	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/fork
+
+bench-fork-100: build ## 100 forks of a 256 MiB python container at once (no plain copies: 100 x 278 MB)
+	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/fork -heaps 256 -forks 100 -plain-many-max 0 -out $(CURDIR)/bench/results/fork100
 
 bench-snapshotter: ## fork rootfs preparation vs per-fork copy of the upper layer
 	$(GO) run ./bench/snapshotter
