@@ -863,4 +863,22 @@ func TestForkOnFrozenLayer(t *testing.T) {
 	if out, _, err := e.execOut(ctx, task, "sh", "-c", "cat /mine 2>&1 || true"); err != nil || strings.Contains(out, "mine") && !strings.Contains(out, "No such") {
 		t.Errorf("a fork's write reached the parent: %q %v", out, err)
 	}
+
+	// For a fork whose rootfs someone else prepared (a pod's): the frozen
+	// layer's own files are copied into the given upper directory, and the
+	// layer is let go.
+	upper := t.TempDir()
+	image, err := e.lfClient().SnapshotForRootfs(ctx, id, upper)
+	if err != nil {
+		t.Fatalf("SnapshotForRootfs: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(upper, "marker")); err != nil || strings.TrimSpace(string(b)) != "from-parent" {
+		t.Errorf("upper directory after SnapshotForRootfs: marker %q (%v), want the parent's", b, err)
+	}
+	if _, err := memfile.ReadSnapshot(image); err != nil {
+		t.Errorf("SnapshotForRootfs returned %s: %v", image, err)
+	}
+	if err := e.lfClient().RemoveSnapshot(ctx, image); err != nil {
+		t.Errorf("RemoveSnapshot: %v", err)
+	}
 }
