@@ -567,14 +567,16 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	s.mu.Lock()
 	c := s.containers[r.ID]
 	delete(s.containers, r.ID)
+	delete(s.thawed, r.ID)
+	var sup *supervisor
+	if c != nil {
+		sup = c.sup
+	}
 	s.mu.Unlock()
 	if c == nil {
 		return resp, nil
 	}
-	c.sup.close(ctx)
-	s.mu.Lock()
-	delete(s.thawed, r.ID)
-	s.mu.Unlock()
+	sup.close(ctx)
 	if err := s.release(ctx, c); err != nil {
 		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: release deleted container")
 	} else if err := writeState(c.bundle, &c.state); err != nil && !errors.Is(err, os.ErrNotExist) {
