@@ -136,6 +136,7 @@ type tracer struct {
 	tracees   map[int]*tracee
 	detaching bool
 	maps      map[int]*os.File // /proc/<tgid>/maps, for PROCMAP_QUERY
+	tid       int              // the tracer thread (tracees' TracerPid)
 	bell      atomic.Int64     // pid of the doorbell child
 	bellProc  *os.Process
 }
@@ -151,7 +152,7 @@ func ptrace(req, pid int, addr, data uintptr) error {
 func (s *Supervisor) loop(started chan<- error) {
 	runtime.LockOSThread() // ptrace requests must come from the tracer thread; never unlocked
 	defer close(s.done)
-	t := &tracer{s: s, tracees: map[int]*tracee{}, maps: map[int]*os.File{}}
+	t := &tracer{s: s, tracees: map[int]*tracee{}, maps: map[int]*os.File{}, tid: unix.Gettid()}
 	defer t.closeMaps()
 	defer t.stopBell()
 	if err := t.startBell(); err != nil {
@@ -283,22 +284,36 @@ func (t *tracer) wait(block bool) (int, unix.WaitStatus, error) {
 	}
 }
 
-// drain handles stops until none is pending; with block it first waits for
-// one. A doorbell that rings meanwhile is replaced (its command, if any,
-// stays queued for the main loop, which the next doorbell wakes).
-func (t *tracer) drain(block bool) {
+// drain handles the stops that are pending and reports how many. A doorbell
+// that rings meanwhile is replaced (its command, if any, stays queued for the
+// main loop, which the next doorbell wakes).
+func (t *tracer) drain() int {
+	n := 0
 	for {
-		tid, ws, err := t.wait(block)
+		tid, ws, err := t.wait(false)
 		if err != nil || tid <= 0 {
-			return
+			return n
 		}
-		block = false
+		n++
 		if int64(tid) == t.bell.Load() {
 			t.bellRang()
 			t.startBell()
 			continue
 		}
 		t.handle(tid, ws)
+	}
+}
+
+// forgetUntraced drops the tracees this thread no longer traces: gone, or
+// never seen alive (a thread that exited before its parent's clone event
+// named it, whose tid may now be anyone's). Waiting for their stop would
+// never end.
+func (t *tracer) forgetUntraced() {
+	for tid := range t.tracees {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+		if err != nil || !strings.Contains(string(b), fmt.Sprintf("\nTracerPid:\t%d\n", t.tid)) {
+			delete(t.tracees, tid)
+		}
 	}
 }
 
@@ -450,12 +465,16 @@ func (t *tracer) detachAll() error {
 		}
 	}
 	t.closeMaps() // a later attach may find other processes under the same pids
+	// A converted call still sees its exit stop first (resume detaches at it).
 	deadline := time.Now().Add(10 * time.Second)
 	for len(t.tracees) > 0 {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("madvguard: %d tracees did not stop for detach", len(t.tracees))
 		}
-		t.drain(true) // a converted call still sees its exit stop first (resume detaches)
+		if t.drain() == 0 {
+			t.forgetUntraced()
+			time.Sleep(200 * time.Microsecond)
+		}
 	}
 	return nil
 }
