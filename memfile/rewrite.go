@@ -467,13 +467,20 @@ func (rw *rewriter) writeMemory(ctx context.Context) error {
 	}
 	rw.memName = fmt.Sprintf("%s-%s%s", time.Now().UTC().Format("20060102T150405"), randHex(6), FileExt)
 	rw.memTmp = filepath.Join(rw.famDir, tmpPrefix+rw.memName)
-	f, err := os.OpenFile(rw.memTmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o400)
+	// The flock tells GC the file is being written (a dead writer's file is
+	// removed). It is taken under the family lock, which GC holds while it
+	// looks: GC never sees the file before it is locked.
+	unlock, err := rw.store.lockFamily(rw.opts.Family)
 	if err != nil {
 		return err
 	}
-	rw.mem = f
-	// The flock tells GC the file is being written (a dead writer's file is removed).
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+	f, err := os.OpenFile(rw.memTmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o400)
+	if err == nil {
+		rw.mem = f
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+	}
+	unlock()
+	if err != nil {
 		return err
 	}
 	byPID := map[uint32]*task{}
