@@ -37,6 +37,9 @@ type forkConfig struct {
 	io           func(id string) cio.Creator
 	keepSnapshot bool
 	labels       map[string]string
+	// stayPaused leaves a parent this call paused frozen after a successful
+	// snapshot (Stop ends it without letting it run past the snapshot).
+	stayPaused bool
 }
 
 // WithIDs names the forks (len(ids) must be n); by default a fork is named
@@ -49,6 +52,8 @@ func WithIO(f func(id string) cio.Creator) ForkOpt { return func(c *forkConfig) 
 // KeepSnapshot keeps the snapshot directory after the forks run (Result.Snapshot),
 // e.g. to restore more forks from it later; RemoveSnapshot deletes it.
 func KeepSnapshot() ForkOpt { return func(c *forkConfig) { c.keepSnapshot = true } }
+
+func stayPaused() ForkOpt { return func(c *forkConfig) { c.stayPaused = true } }
 
 // WithLabels adds labels to every fork container.
 func WithLabels(l map[string]string) ForkOpt { return func(c *forkConfig) { c.labels = l } }
@@ -195,7 +200,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
-	if err := c.snapshot(ctx, parent, info, task, st.Status == containerd.Paused, imageDir, rfs, cfg.keepSnapshot, res); err != nil {
+	if err := c.snapshot(ctx, parent, info, task, st.Status == containerd.Paused, imageDir, rfs, &cfg, res); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 	if err := writeRootfsSource(snapDir, rfs); err != nil {
@@ -299,13 +304,13 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 // and thaws it again (whatever happened, unless the caller had it paused
 // already).
 func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info containers.Container, task containerd.Task,
-	wasPaused bool, imageDir string, rfs *rootfsSource, keep bool, res *Result) (retErr error) {
+	wasPaused bool, imageDir string, rfs *rootfsSource, cfg *forkConfig, res *Result) (retErr error) {
 	var pending *snapclient.PendingFreeze
 	if info.Snapshotter == snapclient.SnapshotterName {
 		// The bulk of the layer copy happens before the pause; Commit only
 		// catches up with what changed meanwhile.
 		var labels map[string]string
-		if keep {
+		if cfg.keepSnapshot {
 			labels = map[string]string{gcRootLabel: time.Now().UTC().Format(time.RFC3339)}
 		}
 		name := "lazyfork-frozen-" + filepath.Base(filepath.Dir(imageDir))
@@ -334,6 +339,10 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 			return fmt.Errorf("pause: %w", err)
 		}
 		defer func() {
+			if cfg.stayPaused && retErr == nil {
+				res.Paused = time.Since(t0)
+				return
+			}
 			if err := task.Resume(context.WithoutCancel(ctx)); err != nil {
 				retErr = errors.Join(retErr, fmt.Errorf("resume parent: %w", err))
 			}
@@ -368,7 +377,7 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 	// the memory files are written (memfile.ThawFile); a task the caller had
 	// paused stays paused.
 	thaw := memfile.ThawFile(imageDir)
-	if !wasPaused {
+	if !wasPaused && !cfg.stayPaused {
 		if err := os.WriteFile(thaw, nil, 0o600); err != nil {
 			return err
 		}

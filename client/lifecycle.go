@@ -26,7 +26,8 @@ func (c *Client) Checkpoint(ctx context.Context, id string) (*Result, error) {
 
 // Stop snapshots a running container, then ends its task: the container holds
 // no process memory and stays forkable from the snapshot (Fork restores from
-// it). It returns the snapshot's image directory.
+// it). The task stays frozen from the snapshot to its end, so it does nothing
+// its forks will do again. It returns the snapshot's image directory.
 func (c *Client) Stop(ctx context.Context, id string) (string, error) {
 	ctr, err := c.cd.LoadContainer(ctx, id)
 	if err != nil {
@@ -39,12 +40,32 @@ func (c *Client) Stop(ctx context.Context, id string) (string, error) {
 	if labels[LabelStopped] != "" {
 		return "", fmt.Errorf("stop %s: already stopped: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	res, err := c.Checkpoint(ctx, id)
+	// The task stays frozen from its snapshot to its end: it never runs past
+	// the state its forks restore. A failed stop leaves it as it was.
+	var running bool
+	if task, err := ctr.Task(ctx, nil); err == nil {
+		if st, err := task.Status(ctx); err == nil {
+			running = st.Status == containerd.Running
+		}
+	}
+	thaw := func() {
+		if !running {
+			return
+		}
+		if task, err := ctr.Task(ctx, nil); err == nil {
+			if st, err := task.Status(ctx); err == nil && st.Status == containerd.Paused {
+				_ = task.Resume(context.WithoutCancel(ctx))
+			}
+		}
+	}
+	res, err := c.fork(ctx, id, 0, KeepSnapshot(), stayPaused())
 	if err != nil {
+		thaw()
 		return "", fmt.Errorf("stop %s: %w", id, err)
 	}
 	if _, err := ctr.SetLabels(ctx, map[string]string{LabelStopped: res.Snapshot}); err != nil {
 		_ = c.RemoveSnapshot(context.WithoutCancel(ctx), res.Snapshot)
+		thaw()
 		return "", fmt.Errorf("stop %s: record snapshot: %w", id, err)
 	}
 	if err := deleteTask(ctx, ctr); err != nil {
@@ -64,6 +85,8 @@ func deleteTask(ctx context.Context, ctr containerd.Container) error {
 		return err
 	}
 	if st, err := task.Status(ctx); err == nil && st.Status == containerd.Paused {
+		// Killed while frozen, it dies as it thaws, without running on.
+		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
 		_ = task.Resume(ctx)
 	}
 	_, err = task.Delete(ctx, containerd.WithProcessKill)

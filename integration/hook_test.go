@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,7 +160,31 @@ func TestHook(t *testing.T) {
 	if n := countLines(t, e.TaskLogPath(sid), regexp.MustCompile(`^reseed id=`+regexp.QuoteMeta(sid)+` `)); n != 1 {
 		t.Errorf("fork %s of the stopped parent heard RESEED with its id %d times", sid, n)
 	}
+	// The stopped parent did nothing past its snapshot: the fork's first
+	// tick follows the parent's last one.
+	waitFor(sid, regexp.MustCompile(`^tick \d+ id=`))
+	lastParent, firstFork := tickNumbers(t, e.TaskLogPath(id)), tickNumbers(t, e.TaskLogPath(sid))
+	if len(lastParent) == 0 || len(firstFork) == 0 || firstFork[0] != lastParent[len(lastParent)-1]+1 {
+		t.Errorf("after stop: the parent's ticks end at %v, the fork's start at %v; want the fork to go on from the parent's last", lastParent[max(len(lastParent)-3, 0):], firstFork[:min(len(firstFork), 1)])
+	}
 	if err := lf.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// tickNumbers lists the N of the "tick N id=..." lines of a task log.
+func tickNumbers(t *testing.T, path string) []int {
+	t.Helper()
+	lines, err := harness.ReadLines(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, l := range lines {
+		var n int
+		if _, err := fmt.Sscanf(l, "tick %d ", &n); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
 }
