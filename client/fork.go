@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -203,6 +204,8 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	if err := c.snapshot(ctx, parent, info, task, st.Status == containerd.Paused, imageDir, rfs, &cfg, res); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
+	rfs.Snapshotter = info.Snapshotter
+	rfs.Namespace, _ = namespaces.Namespace(ctx)
 	if err := writeRootfsSource(snapDir, rfs); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}

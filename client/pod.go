@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 )
@@ -40,17 +41,41 @@ func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (image
 	if err != nil {
 		return "", err
 	}
+	if err := c.CopySnapshotLayer(ctx, imageDir, upper); err != nil {
+		return "", err
+	}
+	// The layer lives in the fork now.
+	if rfs.Frozen != "" {
+		c.releaseFrozen(ctx, rfs.Frozen)
+	}
+	return imageDir, errors.Join(os.RemoveAll(filepath.Join(snapDir, "upper")), os.Remove(filepath.Join(snapDir, "rootfs.json")))
+}
+
+// CopySnapshotLayer copies the parent's writable layer that the snapshot at
+// imageDir recorded (its upper copy, or its frozen layer's own directory)
+// into upper, the upper directory of a fork's root filesystem made
+// elsewhere (a pod's). The snapshot keeps its layer for other forks.
+func (c *Client) CopySnapshotLayer(ctx context.Context, imageDir, upper string) error {
+	if st, err := os.Stat(upper); err != nil || !st.IsDir() {
+		return fmt.Errorf("the fork's upper directory %s: %w", upper, errdefs.ErrInvalidArgument)
+	}
+	rfs, err := readRootfsSource(filepath.Dir(filepath.Clean(imageDir)))
+	if err != nil {
+		return err
+	}
 	layer := rfs.UpperCopy
 	if rfs.Frozen != "" {
-		info, err := c.cd.ContainerService().Get(ctx, id)
-		if err != nil {
-			return "", err
+		if rfs.Snapshotter == "" {
+			return fmt.Errorf("snapshot %s does not record where its frozen layer %s is (taken by an older LazyFork): %w", imageDir, rfs.Frozen, errdefs.ErrNotImplemented)
 		}
-		sn := c.cd.SnapshotService(info.Snapshotter)
+		if rfs.Namespace != "" {
+			ctx = namespaces.WithNamespace(ctx, rfs.Namespace)
+		}
+		sn := c.cd.SnapshotService(rfs.Snapshotter)
 		view := "lazyfork-view-" + randomHex(6)
 		mounts, err := sn.View(ctx, view, rfs.Frozen)
 		if err != nil {
-			return "", fmt.Errorf("view frozen layer %s: %w", rfs.Frozen, err)
+			return fmt.Errorf("view frozen layer %s: %w", rfs.Frozen, err)
 		}
 		defer func() {
 			if err := sn.Remove(context.WithoutCancel(ctx), view); err != nil && !errdefs.IsNotFound(err) {
@@ -58,17 +83,13 @@ func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (image
 			}
 		}()
 		if layer, err = topLayer(mounts); err != nil {
-			return "", fmt.Errorf("frozen layer %s: %w", rfs.Frozen, err)
+			return fmt.Errorf("frozen layer %s: %w", rfs.Frozen, err)
 		}
 	}
 	if err := copyLayer(upper, layer); err != nil {
-		return "", fmt.Errorf("copy %s's writable layer into the fork's: %w", id, err)
+		return fmt.Errorf("copy the snapshot's writable layer into the fork's: %w", err)
 	}
-	// The layer lives in the fork now.
-	if rfs.Frozen != "" {
-		c.releaseFrozen(ctx, rfs.Frozen)
-	}
-	return imageDir, errors.Join(os.RemoveAll(filepath.Join(snapDir, "upper")), os.Remove(filepath.Join(snapDir, "rootfs.json")))
+	return nil
 }
 
 // topLayer is the directory of the topmost layer of a read-only view: the

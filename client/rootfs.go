@@ -68,6 +68,10 @@ type rootfsSource struct {
 	// UpperCopy is a copy of the parent's upper directory (any overlay-style
 	// snapshotter), copied again into each fork.
 	UpperCopy string `json:"upperCopy,omitempty"`
+	// Snapshotter and Namespace locate Frozen for a fork whose rootfs is
+	// made elsewhere (a pod's: CopySnapshotLayer).
+	Snapshotter string `json:"snapshotter,omitempty"`
+	Namespace   string `json:"namespace,omitempty"`
 }
 
 func writeRootfsSource(snapDir string, r *rootfsSource) error {

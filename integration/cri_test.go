@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/lazyfork/lazyfork/integration/harness"
@@ -309,7 +310,8 @@ func (c *criEnv) checkParentLayer(t *testing.T, ctx context.Context, fork string
 // (as NAMESPACE/POD/CONTAINER, or by id): the fork's start snapshots it, the
 // fork continues its counter with its files and under 2 MB, the parent keeps
 // running, and removing the fork leaves no snapshot behind. A name that is
-// not running fails StartContainer, naming the annotation.
+// not running fails StartContainer, naming the annotation. A fork of a kept
+// snapshot directory gets the parent's files too.
 func TestCRIForkOfRunningContainer(t *testing.T) {
 	c := startCRI(t)
 	ctx := c.ctx(t)
@@ -361,6 +363,28 @@ func TestCRIForkOfRunningContainer(t *testing.T) {
 		if _, err := waitTickAbove(ctx, plog, lastOf(ticks(plog))); err != nil {
 			t.Fatalf("parent stopped after fork-of %s: %v", ref, err)
 		}
+	}
+
+	// A kept snapshot directory (as `lazyfork checkpoint` takes) as fork-of:
+	// the fork gets the writable layer the snapshot recorded.
+	kctx := namespaces.WithNamespace(ctx, harness.CRINamespace)
+	kept, err := c.lfClient().Checkpoint(kctx, parent)
+	if err != nil {
+		t.Fatalf("checkpoint %s: %v", parent, err)
+	}
+	before := lastOf(ticks(plog))
+	forkPod := c.runPod(t, ctx, "web-kept", true, map[string]string{"lazyfork.io/fork-of": kept.Snapshot})
+	fork := c.run(t, ctx, forkPod, forkPod.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
+	if first, err := waitTickAbove(ctx, forkPod.logPath("counter"), 0); err != nil || first > before+1 {
+		t.Fatalf("fork of the kept snapshot: first tick %d (%v); the snapshot was taken by tick %d", first, err, before)
+	}
+	c.checkParentLayer(t, ctx, fork)
+	c.stopRemove(t, ctx, forkPod)
+	if err := c.lfClient().RemoveSnapshot(kctx, kept.Snapshot); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(snapshots); len(ents) != 0 {
+		t.Errorf("left %v in %s", ents, snapshots)
 	}
 	c.stopRemove(t, ctx, parentPod)
 }

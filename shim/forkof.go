@@ -230,39 +230,68 @@ func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mou
 
 // snapshotRunning serves a lazyfork.io/fork-of that names a running LazyFork
 // container instead of a path: its id, or NAMESPACE/POD/CONTAINER as
-// Kubernetes names it. `lazyfork pod-snapshot` (beside this binary, or on
-// PATH) snapshots it through containerd (GRPC_ADDRESS, which containerd gives
-// every shim) like `lazyfork checkpoint`, and copies the parent's writable
-// layer into the fork's upper directory. The snapshot's directory under
-// ROOT/snapshots belongs to the fork (unpacked) and goes with it; the parent
-// keeps running.
+// Kubernetes names it. `lazyfork pod-snapshot` snapshots it like `lazyfork
+// checkpoint` and copies the parent's writable layer into the fork's upper
+// directory. The snapshot's directory under ROOT/snapshots belongs to the
+// fork (unpacked) and goes with it; the parent keeps running.
 func (s *Service) snapshotRunning(ctx context.Context, ns, ref string, rootfs []mount.Mount) (dir, unpacked string, retErr error) {
-	addr := os.Getenv("GRPC_ADDRESS")
-	if addr == "" {
-		return "", "", fmt.Errorf("annotation %s=%q names a container, but the shim does not know containerd's address (GRPC_ADDRESS): %w", AnnotationForkOf, ref, errdefs.ErrFailedPrecondition)
-	}
 	upper, err := upperDirOf(rootfs)
 	if err != nil {
 		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
 	}
-	bin := filepath.Join(filepath.Dir(s.self), "lazyfork")
-	if _, err := os.Stat(bin); err != nil {
-		if bin, err = exec.LookPath("lazyfork"); err != nil {
-			return "", "", fmt.Errorf("annotation %s=%q names a container: the lazyfork command is neither beside the shim nor on PATH: %w", AnnotationForkOf, ref, errdefs.ErrFailedPrecondition)
-		}
+	out, err := s.lazyfork(ctx, ns, "pod-snapshot", "--upper", upper, ref)
+	if err != nil {
+		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
 	}
-	cmd := exec.CommandContext(ctx, bin, "--address", addr, "--namespace", ns, "--root", s.cfg.Root, "pod-snapshot", "--upper", upper, ref)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(stderr.String()), "lazyfork:"))
-		return "", "", fmt.Errorf("annotation %s=%q: %s: %w", AnnotationForkOf, ref, msg, errdefs.ErrFailedPrecondition)
-	}
-	image := strings.TrimSpace(stdout.String())
+	image := strings.TrimSpace(out)
 	if filepath.Dir(filepath.Dir(image)) != filepath.Join(s.cfg.Root, "snapshots") {
 		return "", "", fmt.Errorf("annotation %s=%q: lazyfork pod-snapshot printed %q, not a snapshot under %s", AnnotationForkOf, ref, image, s.cfg.Root)
 	}
 	return image, filepath.Dir(image), nil
+}
+
+// copySnapshotLayer gives a fork from a kept snapshot directory (one that
+// recorded its parent's writable layer: rootfs.json beside it) that layer,
+// through `lazyfork pod-layer`. A snapshot without the record leaves the
+// rootfs as CRI made it.
+func (s *Service) copySnapshotLayer(ctx context.Context, ns, imageDir string, rootfs []mount.Mount) (bool, error) {
+	if _, err := os.Stat(filepath.Join(filepath.Dir(imageDir), "rootfs.json")); err != nil {
+		return false, nil
+	}
+	upper, err := upperDirOf(rootfs)
+	if err != nil {
+		return true, err
+	}
+	_, err = s.lazyfork(ctx, ns, "pod-layer", "--upper", upper, imageDir)
+	return true, err
+}
+
+// lazyfork runs the lazyfork command (beside this binary, or on PATH) against
+// the containerd that started this shim (GRPC_ADDRESS, which containerd gives
+// every shim), for the calls a long-lived shim should not link a containerd
+// client for. It returns the command's output; an error carries its message.
+func (s *Service) lazyfork(ctx context.Context, ns string, args ...string) (string, error) {
+	addr := os.Getenv("GRPC_ADDRESS")
+	if addr == "" {
+		return "", fmt.Errorf("the shim does not know containerd's address (GRPC_ADDRESS): %w", errdefs.ErrFailedPrecondition)
+	}
+	bin := filepath.Join(filepath.Dir(s.self), "lazyfork")
+	if _, err := os.Stat(bin); err != nil {
+		if bin, err = exec.LookPath("lazyfork"); err != nil {
+			return "", fmt.Errorf("the lazyfork command is neither beside the shim nor on PATH: %w", errdefs.ErrFailedPrecondition)
+		}
+	}
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--address", addr, "--namespace", ns, "--root", s.cfg.Root}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(stderr.String()), "lazyfork:"))
+		if msg == "" {
+			msg = err.Error()
+		}
+		return "", fmt.Errorf("lazyfork %s: %s: %w", args[0], msg, errdefs.ErrFailedPrecondition)
+	}
+	return stdout.String(), nil
 }
 
 // upperDirOf finds the upper directory of a fork's overlay rootfs.

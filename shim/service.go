@@ -187,14 +187,21 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		if _, err := memfile.ReadSnapshot(dir); err != nil {
 			return nil, fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
 		}
-		if unpacked != "" && filepath.IsAbs(ref) {
-			// CRI prepared the image's rootfs; the parent's writable layer
-			// goes on top of it before runc mounts it.
+		// CRI prepared the image's rootfs; the parent's writable layer goes
+		// on top of it before runc mounts it (a running parent's already has).
+		switch {
+		case unpacked != "" && filepath.IsAbs(ref):
 			applied, err := applyRootfsDiff(ctx, ref, mount.FromProto(r.Rootfs))
 			if err != nil {
 				return nil, fmt.Errorf("annotation %s: checkpoint archive %s: %w", AnnotationForkOf, ref, err)
 			}
 			log.G(ctx).WithFields(log.Fields{"id": r.ID, "rootfs_diff": applied}).Debug("lazyfork: fork-of archive")
+		case unpacked == "":
+			copied, err := s.copySnapshotLayer(ctx, ns, dir, mount.FromProto(r.Rootfs))
+			if err != nil {
+				return nil, fmt.Errorf("annotation %s: snapshot %s: %w", AnnotationForkOf, dir, err)
+			}
+			log.G(ctx).WithFields(log.Fields{"id": r.ID, "layer": copied}).Debug("lazyfork: fork-of snapshot")
 		}
 	}
 	var snap *memfile.SnapshotInfo

@@ -53,6 +53,33 @@ func init() {
 	})
 }
 
+// pod-layer serves the shim too: a pod annotated lazyfork.io/fork-of with a
+// kept snapshot directory gets the parent's writable layer that snapshot
+// recorded.
+func init() {
+	var upper string
+	register(&command{
+		name:   "pod-layer",
+		args:   "--upper DIR IMAGE_DIR",
+		hidden: true,
+		short:  "(for the shim) copy the writable layer the snapshot IMAGE_DIR recorded into a fork's upper directory DIR",
+		example: `  # what the shim runs for a pod annotated lazyfork.io/fork-of: /run/lazyfork/snapshots/x/image
+  lazyfork pod-layer --upper /var/lib/.../snapshots/42/fs /run/lazyfork/snapshots/x/image`,
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&upper, "upper", "", "the fork's upper directory, which gets the parent's writable layer")
+		},
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 1, "IMAGE_DIR"); err != nil {
+				return err
+			}
+			if upper == "" {
+				return fmt.Errorf("--upper is required: %w", errdefs.ErrInvalidArgument)
+			}
+			return a.lf.CopySnapshotLayer(a.ctx, pos[0], upper)
+		},
+	})
+}
+
 // runningContainer resolves a container id, or NAMESPACE/POD/CONTAINER, to the
 // id of a container of that name with a running task.
 func runningContainer(ctx context.Context, cd *containerd.Client, ref string) (string, error) {
