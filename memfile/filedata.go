@@ -71,21 +71,10 @@ func (rw *rewriter) initFileCheck() error {
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return err
 	}
-	ms, _ := filepath.Glob(filepath.Join(rw.imageDir, "mountpoints-*.img"))
-	for _, p := range ms {
-		fc.mountNS = true
-		img, err := criuimg.ReadImage(p, criuimg.MagicMnts, criuimg.KindOf(p).NewEntry)
-		if err != nil {
-			return err
-		}
-		for _, e := range img.Entries {
-			m := e.(interface {
-				GetMountpoint() string
-				GetMntId() uint32
-			})
-			if "/"+strings.Trim(strings.TrimPrefix(m.GetMountpoint(), "."), "/") == "/" {
-				fc.rootMnt = int32(m.GetMntId())
-			}
+	fc.mountNS = rw.mountNS
+	for _, m := range rw.mounts {
+		if m.path == "/" {
+			fc.rootMnt = m.id
 		}
 	}
 	imgs, _ := filepath.Glob(filepath.Join(rw.imageDir, "*.img"))

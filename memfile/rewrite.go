@@ -163,6 +163,8 @@ type rewriter struct {
 	opened   map[string]*os.File // family files opened for reading
 	maps     map[*os.File][]byte // read-only mappings of pages images (see mapped)
 	mntID    *int32
+	mounts   []mountpoint // the dump's mount namespace (mountNS: it has one)
+	mountNS  bool
 	fc       *fileCheck // checks of files under FileRoot (nil without FileRoot)
 
 	rebase  bool
@@ -253,9 +255,10 @@ func (rw *rewriter) load() error {
 		}
 		rw.famFiles[fe.GetId()] = name
 	}
-	if err := rw.findMountID(); err != nil {
+	if rw.mounts, rw.mountNS, err = readMountpoints(rw.imageDir); err != nil {
 		return err
 	}
+	rw.findMountID()
 	if rw.opts.FileRoot != "" {
 		if err := rw.initFileCheck(); err != nil {
 			return err
@@ -378,30 +381,46 @@ func (rw *rewriter) openFamilyFile(name string) (*os.File, error) {
 // mount namespace (a container): CRIU opens a file relative to the root of
 // the mount its mnt_id names. Plain processes have no mountpoints image and
 // their files carry no mnt_id.
-func (rw *rewriter) findMountID() error {
-	ms, _ := filepath.Glob(filepath.Join(rw.imageDir, "mountpoints-*.img"))
+func (rw *rewriter) findMountID() {
 	best := -1
+	for _, m := range rw.mounts {
+		if m.path != "/" && rw.opts.MapDir != m.path && !strings.HasPrefix(rw.opts.MapDir, m.path+"/") {
+			continue
+		}
+		if len(m.path) > best {
+			best = len(m.path)
+			rw.mntID = ptr(m.id)
+		}
+	}
+}
+
+// mountpoint is a mount of the dump's mount namespace.
+type mountpoint struct {
+	path string // absolute, clean
+	id   int32
+}
+
+// readMountpoints reads the dump's mountpoints images; ok is false when it
+// has none (a plain process tree, in the host's mount namespace).
+func readMountpoints(imageDir string) (mounts []mountpoint, ok bool, err error) {
+	ms, _ := filepath.Glob(filepath.Join(imageDir, "mountpoints-*.img"))
 	for _, p := range ms {
 		img, err := criuimg.ReadImage(p, criuimg.MagicMnts, criuimg.KindOf(p).NewEntry)
 		if err != nil {
-			return err
+			return nil, false, err
 		}
 		for _, e := range img.Entries {
 			m := e.(interface {
 				GetMountpoint() string
 				GetMntId() uint32
 			})
-			mp := "/" + strings.TrimLeft(strings.TrimPrefix(m.GetMountpoint(), "."), "/")
-			if mp != "/" && rw.opts.MapDir != mp && !strings.HasPrefix(rw.opts.MapDir, mp+"/") {
-				continue
-			}
-			if len(mp) > best {
-				best = len(mp)
-				rw.mntID = ptr(int32(m.GetMntId()))
-			}
+			mounts = append(mounts, mountpoint{
+				path: "/" + strings.Trim(strings.TrimPrefix(m.GetMountpoint(), "."), "/"),
+				id:   int32(m.GetMntId()),
+			})
 		}
 	}
-	return nil
+	return mounts, len(ms) > 0, nil
 }
 
 // plan decides what happens to every VMA, and whether to rebase.
@@ -668,15 +687,7 @@ func (rw *rewriter) tryShare(p, pp *vmaPlan) (bool, error) {
 // its pages image when one run holds them all (saves a copy per compared
 // page), or nil.
 func (rw *rewriter) mapped(p *vmaPlan, va, sz uint64) []byte {
-	i, found := slices.BinarySearchFunc(p.overlay, va, func(r run, va uint64) int {
-		switch {
-		case r.end() <= va:
-			return -1
-		case r.vaddr > va:
-			return 1
-		}
-		return 0
-	})
+	i, found := runAt(p.overlay, va)
 	if !found {
 		return nil
 	}
@@ -729,10 +740,9 @@ func markData(mem *os.File, off int64, n uint64, check []bool) error {
 	return nil
 }
 
-// sourceOf returns where the page of VMA p at address va comes from: its
-// own page in the image, else its base (the family file it maps, or zeros).
-func sourceOf(p *vmaPlan, va uint64) run {
-	i, found := slices.BinarySearchFunc(p.overlay, va, func(r run, va uint64) int {
+// runAt finds the run of runs (sorted, disjoint) that holds address va.
+func runAt(runs []run, va uint64) (int, bool) {
+	return slices.BinarySearchFunc(runs, va, func(r run, va uint64) int {
 		switch {
 		case r.end() <= va:
 			return -1
@@ -741,6 +751,12 @@ func sourceOf(p *vmaPlan, va uint64) run {
 		}
 		return 0
 	})
+}
+
+// sourceOf returns where the page of VMA p at address va comes from: its
+// own page in the image, else its base (the family file it maps, or zeros).
+func sourceOf(p *vmaPlan, va uint64) run {
+	i, found := runAt(p.overlay, va)
 	var src run
 	switch {
 	case found:
