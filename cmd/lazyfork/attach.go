@@ -22,11 +22,7 @@ func init() {
   lazyfork attach twin --follow=false   # print what is there and return`,
 		flags: func(fs *flag.FlagSet) { fs.BoolVar(&follow, "follow", true, "keep streaming new output") },
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
-			id, err := a.resolveOne(pos)
-			if err != nil {
-				return err
-			}
-			ctr, err := a.cd.LoadContainer(a.ctx, id)
+			ctr, err := a.loadOne(pos)
 			if err != nil {
 				return err
 			}
@@ -36,7 +32,7 @@ func init() {
 			}
 			path := labels[client.LabelLog]
 			if path == "" {
-				return fmt.Errorf("%s has no LazyFork log (not made by lazyfork create or fork)", id)
+				return fmt.Errorf("%s has no LazyFork log (not made by lazyfork create or fork)", ctr.ID())
 			}
 			f, err := os.Open(path)
 			if err != nil {

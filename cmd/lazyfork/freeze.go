@@ -17,17 +17,13 @@ func init() {
 			short:   c.short,
 			example: "  lazyfork " + name + " counter",
 			run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
-				id, err := a.resolveOne(pos)
-				if err != nil {
-					return err
-				}
-				ctr, err := a.cd.LoadContainer(a.ctx, id)
+				ctr, err := a.loadOne(pos)
 				if err != nil {
 					return err
 				}
 				task, err := ctr.Task(a.ctx, nil)
 				if err != nil {
-					return fmt.Errorf("%s: no running task: %w", id, err)
+					return fmt.Errorf("%s: no running task: %w", ctr.ID(), err)
 				}
 				if name == "freeze" {
 					err = task.Pause(a.ctx)
@@ -35,9 +31,9 @@ func init() {
 					err = task.Resume(a.ctx)
 				}
 				if err != nil {
-					return fmt.Errorf("%s %s: %w", name, id, err)
+					return fmt.Errorf("%s %s: %w", name, ctr.ID(), err)
 				}
-				fmt.Fprintln(a.out, id)
+				fmt.Fprintln(a.out, ctr.ID())
 				return nil
 			},
 		})

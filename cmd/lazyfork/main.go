@@ -239,6 +239,15 @@ func needArgs(pos []string, n int, what string) error {
 // resolve maps NAME to a container id.
 func (a *app) resolve(ref string) (string, error) { return a.lf.Resolve(a.ctx, ref) }
 
+// loadOne loads the container the one NAME a command takes names.
+func (a *app) loadOne(pos []string) (containerd.Container, error) {
+	id, err := a.resolveOne(pos)
+	if err != nil {
+		return nil, err
+	}
+	return a.cd.LoadContainer(a.ctx, id)
+}
+
 // resolveOne resolves the one NAME a command takes.
 func (a *app) resolveOne(pos []string) (string, error) {
 	if err := needArgs(pos, 1, "NAME"); err != nil {

@@ -44,11 +44,7 @@ func init() {
 			fs.BoolVar(&header, "header", false, "with --csv: a header line first")
 		},
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
-			id, err := a.resolveOne(pos)
-			if err != nil {
-				return err
-			}
-			ctr, err := a.cd.LoadContainer(a.ctx, id)
+			ctr, err := a.loadOne(pos)
 			if err != nil {
 				return err
 			}

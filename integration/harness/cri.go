@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -52,7 +51,7 @@ func (c *Containerd) ImportCRIImages(ctx context.Context, snapshotter string, na
 			}
 			ref = r
 		}
-		path, err := ensureArchive(ctx, name)
+		path, err := imageArchive(ctx, name)
 		if err != nil {
 			return nil, err
 		}
@@ -84,27 +83,6 @@ func (c *Containerd) importInto(ctx context.Context, ns, path, ref, snapshotter 
 		return fmt.Errorf("harness: unpack %s into %s: %w", ref, snapshotter, err)
 	}
 	return nil
-}
-
-// ensureArchive is EnsureImage for any name images.sh knows (pause included).
-func ensureArchive(ctx context.Context, name string) (string, error) {
-	if name != "pause" {
-		return EnsureImage(ctx, name)
-	}
-	root, err := RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	ensureMu.Lock()
-	defer ensureMu.Unlock()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "images.sh"), "--print-path", name)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("harness: scripts/images.sh %s: %w\n%s", name, err, stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	return strings.TrimSpace(lines[len(lines)-1]), nil
 }
 
 // BridgeNetwork is a private CNI bridge network of one harness.

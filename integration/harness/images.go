@@ -57,6 +57,12 @@ func EnsureImage(ctx context.Context, name string) (string, error) {
 	if _, err := ImageRef(name); err != nil {
 		return "", err
 	}
+	return imageArchive(ctx, name)
+}
+
+// imageArchive runs scripts/images.sh for any image it knows (the pause image
+// included) and returns the archive's path.
+func imageArchive(ctx context.Context, name string) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return "", err
@@ -65,8 +71,7 @@ func EnsureImage(ctx context.Context, name string) (string, error) {
 	defer ensureMu.Unlock()
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "images.sh"), "--print-path", name)
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("harness: scripts/images.sh %s: %w\n%s", name, err, stderr.String())
 	}
