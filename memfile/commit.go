@@ -295,7 +295,8 @@ func linkTree(src, dst string, skip map[string]bool) error {
 }
 
 // commit makes the rewrite visible: under the family lock, the new snapshot's
-// reference is recorded, the memory file gets its final name, and the staged
+// reference is recorded, the memory file gets its final name and is sealed
+// (immutable, see Seal), and the staged
 // image is swapped with imageDir in one atomic rename (RENAME_EXCHANGE).
 // The old image then sits at the staging path and is removed.
 func (rw *rewriter) commit(ctx context.Context) error {
@@ -309,7 +310,14 @@ func (rw *rewriter) commit(ctx context.Context) error {
 		if err := os.Rename(rw.memTmp, final); err != nil {
 			return err
 		}
-		rw.memTmp = final // an abort from here on removes it
+		rw.memTmp = final // an abort from here on removes it (removeSealed)
+		// Forks map the file from now on: nobody, root included, may write,
+		// truncate, rename or unlink it (16 flipped bytes would change
+		// running forks, a truncation kill them with SIGBUS). Only the
+		// store unseals it, to link it into a view or to free it.
+		if err := setImmutable(int(rw.mem.Fd()), final, true); err != nil {
+			return err
+		}
 	}
 	if rw.opts.Stage != nil {
 		if err := rw.opts.Stage(ctx, rw.staging); err != nil {

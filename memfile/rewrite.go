@@ -207,7 +207,7 @@ func (rw *rewriter) close() {
 // abort undoes whatever a failed rewrite made; imageDir was never touched.
 func (rw *rewriter) abort() {
 	if rw.memTmp != "" {
-		os.Remove(rw.memTmp)
+		removeSealed(rw.memTmp) // sealed once commit named it
 	}
 	if rw.staging != "" {
 		os.RemoveAll(rw.staging)

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -41,14 +43,20 @@ var familyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 // tmpfs, see EnsureTmpfs):
 //
 //	<root>/<family>/<name>.mem              memory files (0400, immutable)
+//	<root>/.views/<view>/<name>.mem         a container's view: links to its lineage's files
 //	<root>/.state/<family>/lock             flock serialising changes of a family
 //	<root>/.state/<family>/refs/<hash>.json one per holder: what it pins
+//	<root>/.state/<family>/owner.json       the family's owner (Claim)
+//	<root>/.state/<family>/views/<view>     one per view linking the family's files
 //
 // Everything is on disk, so any process can open the store, and references
 // survive restarts of every process. Safe for concurrent use by many
 // processes (flock), and by many goroutines.
 type Store struct {
 	root string
+
+	sealOnce sync.Once // probes whether files can be sealed here (sealing)
+	sealOK   bool
 }
 
 // OpenStore opens (creating) a store at root.
@@ -90,26 +98,38 @@ func (s *Store) FamilyDir(family string) (string, error) {
 func (s *Store) stateDir(family string) string { return filepath.Join(s.root, stateDirName, family) }
 func (s *Store) refsDir(family string) string  { return filepath.Join(s.stateDir(family), "refs") }
 
-// lockFamily takes the family's exclusive lock; call the returned func to release.
+// lockFamily takes the family's exclusive lock, creating the family's
+// directories; call the returned func to release.
+//
+// GC removes an empty family's state directory, lock file included, while
+// it holds the lock: a waiter that then gets the flock of the removed file
+// sees that the path no longer names its inode and locks anew.
 func (s *Store) lockFamily(family string) (func(), error) {
-	if _, err := s.FamilyDir(family); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(filepath.Join(s.stateDir(family), "lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock family %s: %w", family, err)
-	}
 	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if !errors.Is(err, unix.EINTR) {
-			break
+		if _, err := s.FamilyDir(family); err != nil {
+			return nil, err
 		}
-	}
-	if err != nil {
+		path := filepath.Join(s.stateDir(family), "lock")
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("lock family %s: %w", family, err)
+		}
+		for {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+			if !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock family %s: %w", family, err)
+		}
+		var held, now unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(path, &now) == nil && held.Dev == now.Dev && held.Ino == now.Ino {
+			return func() { f.Close() }, nil
+		}
 		f.Close()
-		return nil, fmt.Errorf("lock family %s: %w", family, err)
 	}
-	return func() { f.Close() }, nil
 }
 
 // holderRecord is one holder's reference, as stored on disk.
@@ -301,24 +321,36 @@ func checkFileName(f string) error {
 
 // GC frees, in every family, the memory files that no live holder references
 // and no process maps, drops dead holders, and removes memory files left
-// half-written by a writer that died. It may be called at any time.
+// half-written by a writer that died. A family left with no files, no
+// holders and no views is removed with its state (owner included). It may
+// be called at any time.
 func (s *Store) GC(ctx context.Context) ([]string, error) {
 	ents, err := os.ReadDir(s.root)
 	if err != nil {
 		return nil, err
 	}
+	// Families are the directories of the root and of .state (a state
+	// directory can outlive its family directory).
+	states, _ := os.ReadDir(filepath.Join(s.root, stateDirName))
+	families := map[string]bool{}
+	for _, e := range append(ents, states...) {
+		if e.IsDir() && checkFamily(e.Name()) == nil {
+			families[e.Name()] = true
+		}
+		if strings.HasPrefix(e.Name(), sealProbePrefix) {
+			// Left by a process that died while probing.
+			removeSealed(filepath.Join(s.root, stateDirName, e.Name()))
+		}
+	}
 	var freed []string
 	var errs []error
-	for _, e := range ents {
-		if !e.IsDir() || checkFamily(e.Name()) != nil {
-			continue
-		}
-		unlock, err := s.lockFamily(e.Name())
+	for _, name := range slices.Sorted(maps.Keys(families)) {
+		unlock, err := s.lockFamily(name)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		f, err := s.gcLocked(ctx, e.Name())
+		f, err := s.gcLocked(ctx, name)
 		unlock()
 		freed = append(freed, f...)
 		if err != nil {
@@ -335,12 +367,14 @@ func (s *Store) gcLocked(ctx context.Context, family string) ([]string, error) {
 		return nil, err
 	}
 	pinned := map[string]bool{}
+	holders := 0
 	for path, r := range recs {
 		if !s.alive(family, r) {
 			log.G(ctx).WithField("family", family).WithField("holder", r.Holder).Debug("memfile: dropping dead holder")
 			os.Remove(path)
 			continue
 		}
+		holders++
 		for _, f := range r.Files {
 			pinned[f] = true
 		}
@@ -368,7 +402,7 @@ func (s *Store) gcLocked(ctx context.Context, family string) ([]string, error) {
 		candidates[fileKey{dev: st.Dev, ino: st.Ino}] = name
 	}
 	if len(candidates) == 0 {
-		return nil, nil
+		return nil, s.dropIfEmptyLocked(ctx, family, holders)
 	}
 	// A process that maps a file pins it even without a reference (a copy
 	// restored by someone who forgot to Ref): removing the file would make
@@ -378,14 +412,51 @@ func (s *Store) gcLocked(ctx context.Context, family string) ([]string, error) {
 	}
 	var freed []string
 	for _, name := range candidates {
-		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// Sealed: unsealed for the unlink, sealed again if a view still links it.
+		if err := removeSealed(filepath.Join(dir, name)); err != nil {
 			return freed, err
 		}
 		log.G(ctx).WithField("family", family).WithField("file", name).Debug("memfile: freed")
 		freed = append(freed, name)
 	}
 	slices.Sort(freed)
-	return freed, nil
+	return freed, s.dropIfEmptyLocked(ctx, family, holders)
+}
+
+// dropIfEmptyLocked removes a family that has no files (not even one being
+// written), no live holders and no views: its directory and its state
+// directory (owner record and lock file included; see lockFamily).
+// Markers of views that no longer exist are dropped on the way.
+// Preconditions: the family lock is held; holders is its live holder count.
+func (s *Store) dropIfEmptyLocked(ctx context.Context, family string, holders int) error {
+	if holders > 0 {
+		return nil
+	}
+	views := 0
+	vdir := filepath.Join(s.stateDir(family), viewMarkers)
+	marks, _ := os.ReadDir(vdir)
+	for _, m := range marks {
+		if _, err := os.Lstat(s.ViewDir(m.Name())); errors.Is(err, os.ErrNotExist) {
+			os.Remove(filepath.Join(vdir, m.Name()))
+			continue
+		}
+		views++
+	}
+	if views > 0 {
+		return nil
+	}
+	dir := filepath.Join(s.root, family)
+	if ents, err := os.ReadDir(dir); len(ents) > 0 || (err != nil && !errors.Is(err, os.ErrNotExist)) {
+		return nil
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil // a file arrived (ENOTEMPTY): the family lives on
+	}
+	log.G(ctx).WithField("family", family).Debug("memfile: empty family removed")
+	if err := os.RemoveAll(s.stateDir(family)); err != nil {
+		return fmt.Errorf("remove state of empty family %s: %w", family, err)
+	}
+	return nil
 }
 
 // removeIfAbandoned removes a half-written file whose writer is gone (its
