@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/api/types"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
+	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/containerd/v2/pkg/shim"
@@ -33,20 +34,27 @@ type lfManager struct {
 
 var _ shim.Shim = (*lfManager)(nil)
 
-// Start groups the containers of a family into one shim process. runc's manager
-// groups by the io.containerd.runc.v2.group annotation (then a CRI sandbox id);
-// a container carrying lazyfork.io/family and neither of those gets the group
-// annotation set to its family before runc's manager reads the bundle. A root
-// container's family is its id, which is also runc's default group, so the
-// family's forks land in the root's shim.
+// Start chooses the shim process of a container. One shim failure must not
+// take a family down, so a family is never one shim: a root container (and
+// any container without lazyfork.io/shim-group) gets a shim of its own, as
+// runc's manager gives by default, and forks that carry the same
+// lazyfork.io/shim-group (one batch of one fork call, bounded by the client)
+// share one, never their parent's. The annotation is honoured only where
+// runc's own grouping (io.containerd.runc.v2.group, a CRI sandbox) does not
+// apply, and a shim socket is per containerd namespace, so it cannot join a
+// container of another namespace or pod.
 func (m *lfManager) Start(ctx context.Context, params *bootapi.BootstrapParams) (*bootapi.BootstrapResult, error) {
-	if err := groupByFamily("."); err != nil {
+	if err := groupByShimGroup("."); err != nil {
 		return nil, err
 	}
 	return m.Shim.Start(ctx, params)
 }
 
-func groupByFamily(bundle string) error {
+// shimGroupPrefix keeps LazyFork's groups apart from container ids (runc's
+// default group is the container's own id).
+const shimGroupPrefix = "lazyfork-group-"
+
+func groupByShimGroup(bundle string) error {
 	path := filepath.Join(bundle, specFile)
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -63,11 +71,14 @@ func groupByFamily(bundle string) error {
 			return fmt.Errorf("decode spec annotations: %w", err)
 		}
 	}
-	family := ann[AnnotationFamily]
-	if family == "" || ann[AnnotationRuncGroup] != "" || ann[AnnotationCRISandbox] != "" {
+	group := ann[AnnotationShimGroup]
+	if group == "" || ann[AnnotationRuncGroup] != "" || ann[AnnotationCRISandbox] != "" {
 		return nil
 	}
-	ann[AnnotationRuncGroup] = family
+	if err := identifiers.Validate(group); err != nil {
+		return fmt.Errorf("annotation %s: %w", AnnotationShimGroup, err)
+	}
+	ann[AnnotationRuncGroup] = shimGroupPrefix + group
 	raw, err := json.Marshal(ann)
 	if err != nil {
 		return err

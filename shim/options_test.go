@@ -86,16 +86,19 @@ func TestCheckpointOptions(t *testing.T) {
 	}
 }
 
-// A fork's spec names its family; the manager turns that into runc's group so
-// the family shares one shim, and leaves CRI pods and explicit groups alone.
-func TestGroupByFamily(t *testing.T) {
+// A batch of forks names its shim group; the manager turns that into runc's
+// group. A family annotation alone never groups (a container naming another's
+// family must not land in its shim), and CRI pods and explicit groups are left
+// alone.
+func TestGroupByShimGroup(t *testing.T) {
 	for _, tc := range []struct {
 		ann  map[string]string
 		want string
 	}{
-		{map[string]string{AnnotationFamily: "fam"}, "fam"},
-		{map[string]string{AnnotationFamily: "fam", AnnotationRuncGroup: "g"}, "g"},
-		{map[string]string{AnnotationFamily: "fam", AnnotationCRISandbox: "pod"}, ""},
+		{map[string]string{AnnotationFamily: "fam"}, ""},
+		{map[string]string{AnnotationFamily: "fam", AnnotationShimGroup: "fam-x-0"}, shimGroupPrefix + "fam-x-0"},
+		{map[string]string{AnnotationShimGroup: "b", AnnotationRuncGroup: "g"}, "g"},
+		{map[string]string{AnnotationShimGroup: "b", AnnotationCRISandbox: "pod"}, ""},
 		{nil, ""},
 	} {
 		dir := t.TempDir()
@@ -103,7 +106,7 @@ func TestGroupByFamily(t *testing.T) {
 		if err := writeSpec(dir, s); err != nil {
 			t.Fatal(err)
 		}
-		if err := groupByFamily(dir); err != nil {
+		if err := groupByShimGroup(dir); err != nil {
 			t.Fatal(err)
 		}
 		got, err := readSpec(dir)
