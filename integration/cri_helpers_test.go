@@ -26,11 +26,20 @@ type criEnv struct {
 	rt     runtimeapi.RuntimeServiceClient
 	img    runtimeapi.ImageServiceClient
 	logDir string
+	// archiveDir is the shim's LAZYFORK_ARCHIVE_DIRS.
+	archiveDir string
 }
 
 func startCRI(t *testing.T) *criEnv {
 	t.Helper()
+	// The only directory pods may name checkpoint archives in.
+	archiveDir, err := os.MkdirTemp("/tmp", "lfa-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(archiveDir) })
 	e := startLF(t, harness.Options{
+		Env:       []string{"LAZYFORK_ARCHIVE_DIRS=" + archiveDir},
 		EnableCRI: true,
 		Runtimes: []harness.Runtime{{
 			Name:                 criHandler,
@@ -48,7 +57,7 @@ func startCRI(t *testing.T) *criEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &criEnv{lfEnv: e, rt: rt, img: img, logDir: logDir}
+	c := &criEnv{lfEnv: e, rt: rt, img: img, logDir: logDir, archiveDir: archiveDir}
 	// Pods are removed before the harness's teardown (registered later, runs first).
 	t.Cleanup(func() { c.removeAllPods(t) })
 	return c
@@ -81,13 +90,19 @@ type pod struct {
 // hostNet false) in its own network namespace.
 func (c *criEnv) runPod(t *testing.T, ctx context.Context, name string, hostNet bool, annotations map[string]string) *pod {
 	t.Helper()
+	return c.runPodIn(t, ctx, "default", name, hostNet, annotations)
+}
+
+// runPodIn is runPod in Kubernetes namespace k8sNS.
+func (c *criEnv) runPodIn(t *testing.T, ctx context.Context, k8sNS, name string, hostNet bool, annotations map[string]string) *pod {
+	t.Helper()
 	uid := name + "-" + lfRandom(4)
 	netMode := runtimeapi.NamespaceMode_POD
 	if hostNet {
 		netMode = runtimeapi.NamespaceMode_NODE
 	}
 	cfg := &runtimeapi.PodSandboxConfig{
-		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Uid: uid, Namespace: "default"},
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Uid: uid, Namespace: k8sNS},
 		LogDirectory: filepath.Join(c.logDir, uid),
 		Annotations:  annotations,
 		Labels:       map[string]string{"app": name},

@@ -126,17 +126,14 @@ func TestCRIPodNetwork(t *testing.T) {
 func TestCRICheckpointForkPod(t *testing.T) {
 	c := startCRI(t)
 	ctx := c.ctx(t)
-	parentPod := c.runPod(t, ctx, "parent", true, nil)
+	parentPod := c.runPod(t, ctx, "parent", true, forkableAnn)
 	parent := c.run(t, ctx, parentPod, parentPod.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
 	plog := parentPod.logPath("counter")
 	if _, err := waitTickAbove(ctx, plog, 2); err != nil {
 		t.Fatal(err)
 	}
 
-	archiveDir, err := c.TempDir("ckpt-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	archiveDir := c.archiveDir
 	archive := filepath.Join(archiveDir, "counter.tar")
 	before := lastOf(ticks(plog))
 	if _, err := c.rt.CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{ContainerId: parent, Location: archive}); err != nil {
@@ -160,7 +157,17 @@ func TestCRICheckpointForkPod(t *testing.T) {
 	// Bad annotations: CRI creates containers without the runtime, so the
 	// error comes at StartContainer (kubelet then removes the container and
 	// retries); it names the annotation and LazyFork leaves nothing behind.
-	for _, bad := range []string{"/nonexistent/snapshot", archiveDir, writeGarbage(t, archiveDir)} {
+	// An archive outside the shim's archive directories is refused too
+	// (whatever it holds: the shim never reads it).
+	outside, err := c.TempDir("ckpt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(outside, "counter.tar")
+	if err := os.Link(archive, stray); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"/nonexistent/snapshot", archiveDir, writeGarbage(t, archiveDir), stray} {
 		bp := c.runPod(t, ctx, "bad", true, map[string]string{"lazyfork.io/fork-of": bad})
 		id, err := c.create(ctx, bp, bp.containerConfig("counter", harness.PythonImage, workloads.CounterArgs(64), nil))
 		if err != nil {
@@ -182,6 +189,14 @@ func TestCRICheckpointForkPod(t *testing.T) {
 			t.Errorf("fork-of %s: shims %v, want 2", bad, pids)
 		}
 		c.stopRemove(t, ctx, bp)
+	}
+
+	// A pod of another Kubernetes namespace cannot fork the parent, even
+	// from its archive.
+	op := c.runPodIn(t, ctx, "other", "thief", true, map[string]string{"lazyfork.io/fork-of": archive})
+	c.refusedFork(t, ctx, op, "permission denied")
+	if ents, _ := os.ReadDir(snapshots); len(ents) != 0 {
+		t.Errorf("a refused fork left %v in %s", ents, snapshots)
 	}
 
 	// The fork as a pod.
@@ -228,6 +243,25 @@ func TestCRICheckpointForkPod(t *testing.T) {
 		t.Fatalf("parent stopped after the fork's pod was removed: %v", err)
 	}
 	c.stopRemove(t, ctx, parentPod)
+}
+
+// forkableAnn is a parent pod's opt-in to forks by pods of its namespace.
+var forkableAnn = map[string]string{"lazyfork.io/forkable": "true"}
+
+// refusedFork starts a counter container in pod p, whose fork-of must be
+// refused with an error containing want; the pod is then removed.
+func (c *criEnv) refusedFork(t *testing.T, ctx context.Context, p *pod, want string) {
+	t.Helper()
+	id, err := c.create(ctx, p, p.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
+	if err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	_, err = c.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id})
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "lazyfork.io/fork-of") {
+		t.Errorf("pod %s/%s fork-of %s: StartContainer %v, want an error naming the annotation and %q",
+			p.cfg.Metadata.Namespace, p.cfg.Metadata.Name, p.cfg.Annotations["lazyfork.io/fork-of"], err, want)
+	}
+	c.stopRemove(t, ctx, p)
 }
 
 func lastOf(v []int) int {
@@ -316,7 +350,7 @@ func TestCRIForkOfRunningContainer(t *testing.T) {
 	c := startCRI(t)
 	ctx := c.ctx(t)
 	snapshots := filepath.Join(c.Root, "snapshots")
-	parentPod := c.runPod(t, ctx, "web", true, nil)
+	parentPod := c.runPod(t, ctx, "web", true, forkableAnn)
 	parent := c.run(t, ctx, parentPod, parentPod.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
 	plog := parentPod.logPath("counter")
 	if _, err := waitTickAbove(ctx, plog, 2); err != nil {
@@ -332,6 +366,27 @@ func TestCRIForkOfRunningContainer(t *testing.T) {
 		t.Errorf("fork-of a pod that does not exist: StartContainer %v, want an error naming the annotation", err)
 	}
 	c.stopRemove(t, ctx, bp)
+
+	// Only pods of the parent's own Kubernetes namespace, and only a parent
+	// that opted in: refused before the parent is paused or dumped.
+	closedPod := c.runPod(t, ctx, "closed", true, nil)
+	closed := c.run(t, ctx, closedPod, closedPod.containerConfig("counter", harness.PythonImage, layerWriterArgs, nil))
+	if _, err := waitTickAbove(ctx, closedPod.logPath("counter"), 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ ns, ref string }{
+		{"other", "default/" + parentPod.cfg.Metadata.Name + "/counter"},
+		{"other", parent},
+		{"default", "default/" + closedPod.cfg.Metadata.Name + "/counter"},
+		{"default", closed},
+	} {
+		p := c.runPodIn(t, ctx, tc.ns, "thief", true, map[string]string{"lazyfork.io/fork-of": tc.ref})
+		c.refusedFork(t, ctx, p, "permission denied")
+		if ents, _ := os.ReadDir(snapshots); len(ents) != 0 {
+			t.Errorf("fork-of %s from namespace %s left %v in %s", tc.ref, tc.ns, ents, snapshots)
+		}
+	}
+	c.stopRemove(t, ctx, closedPod)
 
 	for _, ref := range []string{"default/" + parentPod.cfg.Metadata.Name + "/counter", parent} {
 		before := lastOf(ticks(plog))

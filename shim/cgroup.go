@@ -17,31 +17,58 @@ import (
 
 const cgroupRoot = "/sys/fs/cgroup"
 
+// cgroupDirs are the directories of a cgroupfs-style cgroupsPath in every
+// hierarchy (nil for systemd-style or relative paths, which belong to runc).
+func cgroupDirs(cgroupsPath string) []string {
+	if !strings.HasPrefix(cgroupsPath, "/") || strings.Contains(cgroupsPath, "..") {
+		return nil
+	}
+	if cgroups.Mode() == cgroups.Unified {
+		return []string{filepath.Join(cgroupRoot, cgroupsPath)}
+	}
+	ents, err := os.ReadDir(cgroupRoot)
+	if err != nil {
+		return nil
+	}
+	var dirs []string
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == "unified" {
+			continue
+		}
+		dirs = append(dirs, filepath.Join(cgroupRoot, e.Name(), cgroupsPath))
+	}
+	return dirs
+}
+
+// killCgroup sends SIGKILL to every process in a cgroupfs-style cgroupsPath
+// (a restore that never finished: CRIU, its restorer, the half-made tree).
+// It reports how many it signalled.
+func killCgroup(cgroupsPath string) int {
+	seen := map[int]bool{}
+	for _, d := range cgroupDirs(cgroupsPath) {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			var pid int
+			if _, err := fmt.Sscan(f, &pid); err != nil || pid <= 1 || seen[pid] {
+				continue
+			}
+			seen[pid] = true
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	return len(seen)
+}
+
 // removeCgroup removes the (empty) cgroup directories of a cgroupfs-style
 // cgroupsPath in every hierarchy. runc removes them itself when it deletes a
 // container it knows; after a failed restore runc knows no container, and the
 // directories CRIU or runc made would stay behind. Busy or missing directories
 // are left alone.
 func removeCgroup(ctx context.Context, cgroupsPath string) {
-	if !strings.HasPrefix(cgroupsPath, "/") || strings.Contains(cgroupsPath, "..") {
-		return // systemd-style or relative paths belong to runc alone
-	}
-	var dirs []string
-	if cgroups.Mode() == cgroups.Unified {
-		dirs = []string{filepath.Join(cgroupRoot, cgroupsPath)}
-	} else {
-		ents, err := os.ReadDir(cgroupRoot)
-		if err != nil {
-			return
-		}
-		for _, e := range ents {
-			if !e.IsDir() || e.Name() == "unified" {
-				continue
-			}
-			dirs = append(dirs, filepath.Join(cgroupRoot, e.Name(), cgroupsPath))
-		}
-	}
-	for _, d := range dirs {
+	for _, d := range cgroupDirs(cgroupsPath) {
 		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 			log.G(ctx).WithError(err).WithField("cgroup", d).Debug("lazyfork: leave cgroup")
 		}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -19,11 +20,20 @@ const RuntimeName = "io.containerd.lazyfork.v1"
 
 // Annotations and labels LazyFork reads or writes on containers.
 const (
-	// AnnotationFamily in a container's spec names the family it joins. A root
-	// container without it starts a family named after its id.
+	// AnnotationFamily in a fork's spec names its family, for the tools. The
+	// shim never takes a container's family from it: a fork's family is its
+	// snapshot's, a root starts its own (see trust.go).
 	AnnotationFamily = "lazyfork.io/family"
+	// AnnotationShimGroup puts forks that carry the same value into one shim
+	// process, never their parent's (the client sets it per batch of forks),
+	// so a dying shim takes down at most one batch.
+	AnnotationShimGroup = "lazyfork.io/shim-group"
+	// AnnotationForkable is a container's (in Kubernetes: a pod's) opt-in to
+	// being forked by a pod through lazyfork.io/fork-of; only pods of its own
+	// Kubernetes namespace may. "true" allows it.
+	AnnotationForkable = "lazyfork.io/forkable"
 	// AnnotationRuncGroup is runc's shim grouping annotation; the manager sets it
-	// to the family so one shim process serves a whole family.
+	// from lazyfork.io/shim-group.
 	AnnotationRuncGroup = "io.containerd.runc.v2.group"
 	// AnnotationCRISandbox groups the containers of a CRI pod; it wins over the family.
 	AnnotationCRISandbox = "io.kubernetes.cri.sandbox-id"
@@ -42,6 +52,10 @@ const (
 	// CRI's annotations naming a container's type and name.
 	annotationCRIContainerType = "io.kubernetes.cri.container-type"
 	annotationCRIContainerName = "io.kubernetes.cri.container-name"
+	// annotationCRISandboxNamespace is the Kubernetes namespace of a CRI
+	// container's pod, set by CRI itself (a pod cannot set io.kubernetes.*
+	// annotations through pod_annotations).
+	annotationCRISandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
 )
 
 // DefaultRoot is where LazyFork mounts its tmpfs.
@@ -63,15 +77,48 @@ type Config struct {
 	// Madvise is the default madvise guard mode of checkpoints: "refuse",
 	// "zero" or "off"; a container's lazyfork.io/madvise annotation wins.
 	Madvise string
+	// ArchiveDirs are the host directories from which lazyfork.io/fork-of may
+	// name a checkpoint archive (kubelet's checkpoint directory by default).
+	ArchiveDirs []string
+	// RestoreTimeout bounds the restore of one task: a restore that does not
+	// finish in time is killed and cleaned up.
+	RestoreTimeout time.Duration
 }
+
+// DefaultArchiveDir is where kubelet writes checkpoint archives.
+const DefaultArchiveDir = "/var/lib/kubelet/checkpoints"
+
+// DefaultRestoreTimeout is the default of Config.RestoreTimeout.
+const DefaultRestoreTimeout = 2 * time.Minute
 
 // MemRoot is the root of the family memory store.
 func (c Config) MemRoot() string { return filepath.Join(c.Root, "mem") }
 
 // ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE, LAZYFORK_OVERCOMMIT,
-// LAZYFORK_CRIU_VERBOSITY and LAZYFORK_MADVISE.
+// LAZYFORK_CRIU_VERBOSITY, LAZYFORK_MADVISE, LAZYFORK_ARCHIVE_DIRS and
+// LAZYFORK_RESTORE_TIMEOUT.
 func ConfigFromEnv() (Config, error) {
-	c := Config{Root: DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse"}
+	c := Config{Root: DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
+		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout}
+	if v, ok := os.LookupEnv("LAZYFORK_ARCHIVE_DIRS"); ok {
+		c.ArchiveDirs = nil
+		for _, d := range filepath.SplitList(v) {
+			if d == "" {
+				continue
+			}
+			if !filepath.IsAbs(d) {
+				return c, fmt.Errorf("LAZYFORK_ARCHIVE_DIRS: %q must be absolute: %w", d, errdefs.ErrInvalidArgument)
+			}
+			c.ArchiveDirs = append(c.ArchiveDirs, filepath.Clean(d))
+		}
+	}
+	if v := os.Getenv("LAZYFORK_RESTORE_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return c, fmt.Errorf("LAZYFORK_RESTORE_TIMEOUT %q: want a positive duration such as 2m: %w", v, errdefs.ErrInvalidArgument)
+		}
+		c.RestoreTimeout = d
+	}
 	if v := os.Getenv("LAZYFORK_MADVISE"); v != "" {
 		if _, _, err := parseMadvise(v); err != nil {
 			return c, fmt.Errorf("LAZYFORK_MADVISE: %w", err)

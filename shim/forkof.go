@@ -31,11 +31,14 @@ import (
 const archiveCheckpointDir = "checkpoint"
 
 // Limits on an archive's checkpoint entries: the image of a LazyFork snapshot
-// is small (its memory lives in the family's files), so anything far larger
-// is refused rather than filling the tmpfs.
+// is small (its memory lives in the family's files; what stays in the image is
+// a fork's delta, at most a quarter of its shared pages before a rebase), so
+// anything far larger is refused rather than filling the tmpfs. The total is
+// also bounded by the space the tmpfs has, less a reserve for running forks.
 const (
-	maxArchiveEntries   = 100000
-	maxArchiveEntrySize = 4 << 30
+	maxArchiveEntries = 100000
+	maxArchiveTotal   = 4 << 30
+	archiveReserve    = 256 << 20
 )
 
 // forkOf returns the fork-of reference that applies to a container with these
@@ -123,8 +126,13 @@ func unpackCheckpoint(archive, dst string) error {
 		defer zr.Close()
 		r = zr
 	}
+	budget, err := archiveBudget(dst)
+	if err != nil {
+		return err
+	}
 	tr := tar.NewReader(r)
 	n := 0
+	var total int64
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -144,12 +152,18 @@ func unpackCheckpoint(archive, dst string) error {
 			}
 			return fmt.Errorf("entry %q is not a regular file: %w", h.Name, errdefs.ErrInvalidArgument)
 		}
+		if sparse(h) {
+			// A few bytes of archive would expand to its full size of zeros.
+			return fmt.Errorf("entry %q is sparse; containerd never writes sparse checkpoint entries: %w", h.Name, errdefs.ErrInvalidArgument)
+		}
 		if n++; n > maxArchiveEntries {
 			return fmt.Errorf("more than %d checkpoint entries: %w", maxArchiveEntries, errdefs.ErrInvalidArgument)
 		}
-		if h.Size < 0 || h.Size > maxArchiveEntrySize {
-			return fmt.Errorf("entry %q of %d bytes: %w", h.Name, h.Size, errdefs.ErrInvalidArgument)
+		if h.Size < 0 || h.Size > budget-total {
+			return fmt.Errorf("entry %q of %d bytes exceeds what is left of %d bytes for the whole image (tmpfs space less %d MiB kept for running forks, at most %d GiB): %w",
+				h.Name, h.Size, budget, archiveReserve>>20, maxArchiveTotal>>30, errdefs.ErrResourceExhausted)
 		}
+		total += h.Size
 		out, err := os.OpenFile(filepath.Join(dst, file), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
 			return err
@@ -166,6 +180,30 @@ func unpackCheckpoint(archive, dst string) error {
 		return fmt.Errorf("no %s/ entries (not a containerd checkpoint archive): %w", archiveCheckpointDir, errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// archiveBudget is how many bytes an archive's image may take in dir: what
+// its filesystem has free, less a reserve, at most maxArchiveTotal.
+func archiveBudget(dir string) (int64, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	free := int64(fs.Bavail)*fs.Bsize - archiveReserve
+	return max(0, min(free, maxArchiveTotal)), nil
+}
+
+// sparse reports whether a tar entry is a sparse file (old GNU or PAX form).
+func sparse(h *tar.Header) bool {
+	if h.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 // archiveRootfsDiff is the entry of containerd's CRI checkpoint archive that
@@ -233,13 +271,20 @@ func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mou
 // Kubernetes names it. `lazyfork pod-snapshot` snapshots it like `lazyfork
 // checkpoint` and copies the parent's writable layer into the fork's upper
 // directory. The snapshot's directory under ROOT/snapshots belongs to the
-// fork (unpacked) and goes with it; the parent keeps running.
-func (s *Service) snapshotRunning(ctx context.Context, ns, ref string, rootfs []mount.Mount) (dir, unpacked string, retErr error) {
+// fork (unpacked) and goes with it; the parent keeps running. The lookup is
+// in the fork's containerd namespace only; for a fork in a pod (podNS != "")
+// the parent must be in the same Kubernetes namespace and opted in, which
+// pod-snapshot checks before it pauses anything.
+func (s *Service) snapshotRunning(ctx context.Context, ns, ref, podNS string, rootfs []mount.Mount) (dir, unpacked string, retErr error) {
 	upper, err := upperDirOf(rootfs)
 	if err != nil {
 		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
 	}
-	out, err := s.lazyfork(ctx, ns, "pod-snapshot", "--upper", upper, ref)
+	args := []string{"pod-snapshot", "--upper", upper}
+	if podNS != "" {
+		args = append(args, "--for-pod-namespace", podNS)
+	}
+	out, err := s.lazyfork(ctx, ns, append(args, ref)...)
 	if err != nil {
 		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
 	}
@@ -289,7 +334,11 @@ func (s *Service) lazyfork(ctx context.Context, ns string, args ...string) (stri
 		if msg == "" {
 			msg = err.Error()
 		}
-		return "", fmt.Errorf("lazyfork %s: %s: %w", args[0], msg, errdefs.ErrFailedPrecondition)
+		var class error = errdefs.ErrFailedPrecondition
+		if strings.Contains(msg, "permission denied") {
+			class = errdefs.ErrPermissionDenied
+		}
+		return "", fmt.Errorf("lazyfork %s: %s: %w", args[0], msg, class)
 	}
 	return stdout.String(), nil
 }

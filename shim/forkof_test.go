@@ -3,8 +3,10 @@ package shim
 import (
 	"archive/tar"
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -109,6 +111,102 @@ func TestForkOfApplies(t *testing.T) {
 	} {
 		if got := forkOf(c.a); got != c.want {
 			t.Errorf("forkOf(%v) = %q, want %q", c.a, got, c.want)
+		}
+	}
+}
+
+// A tiny archive must not expand into the tmpfs: sparse entries are refused
+// (10 KB of PAX sparse wrote 512 MB before), and sizes count against one
+// budget for the whole image, not a cap per entry.
+func TestUnpackCheckpointBounded(t *testing.T) {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	// archive/tar will not write a PAX header by hand: write it as a
+	// regular entry, then turn its type into 'x' and fix the checksum.
+	rec := func(k, v string) string {
+		s := " " + k + "=" + v + "\n"
+		n := len(s) + 1
+		for len(strconv.Itoa(n))+len(s) != n {
+			n++
+		}
+		return strconv.Itoa(n) + s
+	}
+	pax := rec("GNU.sparse.major", "1") + rec("GNU.sparse.minor", "0") +
+		rec("GNU.sparse.realsize", "536870912") + rec("GNU.sparse.name", "checkpoint/pages-1.img")
+	tw.WriteHeader(&tar.Header{Name: "pax", Typeflag: tar.TypeReg, Size: int64(len(pax))})
+	tw.Write([]byte(pax))
+	tw.Flush()
+	hdr := b.Bytes()[:512]
+	hdr[156] = tar.TypeXHeader
+	copy(hdr[148:156], "        ")
+	sum := 0
+	for _, c := range hdr {
+		sum += int(c)
+	}
+	copy(hdr[148:], fmt.Sprintf("%06o\x00 ", sum))
+	tw.WriteHeader(&tar.Header{Name: "checkpoint/pages-1.img", Typeflag: tar.TypeReg, Mode: 0o600, Size: 512})
+	sparseMap := make([]byte, 512)
+	copy(sparseMap, "0\n") // no data blocks: 512 MiB of holes
+	tw.Write(sparseMap)
+	tw.Close()
+	p := filepath.Join(t.TempDir(), "sparse.tar")
+	if err := os.WriteFile(p, b.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	if err := unpackCheckpoint(p, dst); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "sparse") {
+		t.Fatalf("sparse entry: %v, want invalid argument naming it sparse", err)
+	}
+
+	budget, err := archiveBudget(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A small entry, then one of the whole budget: each under any per-entry
+	// cap, together over the total; the second header is refused before a
+	// byte of it is written.
+	b.Reset()
+	tw = tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: "checkpoint/pages-1.img", Typeflag: tar.TypeReg, Mode: 0o600, Size: 4})
+	tw.Write([]byte("abcd"))
+	tw.WriteHeader(&tar.Header{Name: "checkpoint/pages-2.img", Typeflag: tar.TypeReg, Mode: 0o600, Size: budget})
+	tw.Flush()
+	os.WriteFile(p, b.Bytes(), 0o600)
+	dst = t.TempDir()
+	if err := unpackCheckpoint(p, dst); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("image over the budget: %v, want resource exhausted", err)
+	}
+	if fi, err := os.Stat(filepath.Join(dst, "pages-2.img")); err == nil {
+		t.Fatalf("the refused entry was written (%d bytes)", fi.Size())
+	}
+}
+
+// fork-of may name only LazyFork's snapshot directory or an archive in an
+// archive directory, also through symlinks: a pod author must not make the
+// shim read any host path.
+func TestForkOfPathConfined(t *testing.T) {
+	root := t.TempDir()
+	archives := t.TempDir()
+	cfg := Config{Root: root, ArchiveDirs: []string{archives}}
+	snap := filepath.Join(root, "snapshots", "x", "image")
+	os.MkdirAll(snap, 0o700)
+	arch := filepath.Join(archives, "a.tar")
+	os.WriteFile(arch, []byte("x"), 0o600)
+	elsewhere := t.TempDir()
+	secret := filepath.Join(elsewhere, "secret.tar")
+	os.WriteFile(secret, []byte("x"), 0o600)
+	sneaky := filepath.Join(archives, "sneaky.tar")
+	if err := os.Symlink(secret, sneaky); err != nil {
+		t.Fatal(err)
+	}
+	for _, ok := range []string{snap, arch} {
+		if err := cfg.checkForkOfPath(ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{elsewhere, secret, sneaky, filepath.Join(root, "snapshots"), "/etc"} {
+		if err := cfg.checkForkOfPath(bad); !errdefs.IsPermissionDenied(err) {
+			t.Errorf("%s: %v, want permission denied", bad, err)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/cgroups/v3"
@@ -164,91 +165,120 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
-	var unpacked string
+	store, err := s.Store()
+	if err != nil {
+		return nil, err
+	}
+	c := &container{
+		bundle: r.Bundle,
+		state: containerState{
+			Namespace:    ns,
+			ID:           r.ID,
+			Madvise:      spec.Annotations[AnnotationMadvise],
+			PodNamespace: spec.Annotations[annotationCRISandboxNamespace],
+			Forkable:     forkable(spec.Annotations),
+		},
+	}
+	if spec.Linux != nil {
+		c.state.CgroupsPath = spec.Linux.CgroupsPath
+	}
+	// From here on, what c.state records is released on error.
+	defer func() {
+		if retErr != nil {
+			if err := releaseContainer(ctx, s.cfg, &c.state); err != nil {
+				log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: release after failed prepare")
+			}
+		}
+	}()
+	if _, _, err := parseMadvise(c.state.Madvise); err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", AnnotationMadvise, err)
+	}
+	byAnnotation := false
 	if ref := forkOf(spec.Annotations); ref != "" && r.Checkpoint == "" {
 		// A fork as a pod: CRI cannot restore, so the container names its
 		// snapshot in an annotation and runc restores it at Start.
-		var dir, tmp string
+		byAnnotation = true
+		var dir string
 		if filepath.IsAbs(ref) {
-			dir, tmp, err = resolveForkOf(s.cfg, ns, r.ID, ref)
+			if err := s.cfg.checkForkOfPath(ref); err != nil {
+				return nil, err
+			}
+			dir, c.state.Unpacked, err = resolveForkOf(s.cfg, ns, r.ID, ref)
 		} else {
-			dir, tmp, err = s.snapshotRunning(ctx, ns, ref, mount.FromProto(r.Rootfs))
+			dir, c.state.Unpacked, err = s.snapshotRunning(ctx, ns, ref, c.state.PodNamespace, mount.FromProto(r.Rootfs))
 		}
 		if err != nil {
 			return nil, err
 		}
-		unpacked = tmp
-		defer func() {
-			if retErr != nil && unpacked != "" {
-				_ = os.RemoveAll(unpacked)
-			}
-		}()
 		r.Checkpoint = dir
-		if _, err := memfile.ReadSnapshot(dir); err != nil {
-			return nil, fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
-		}
-		// CRI prepared the image's rootfs; the parent's writable layer goes
-		// on top of it before runc mounts it (a running parent's already has).
-		switch {
-		case unpacked != "" && filepath.IsAbs(ref):
-			applied, err := applyRootfsDiff(ctx, ref, mount.FromProto(r.Rootfs))
-			if err != nil {
-				return nil, fmt.Errorf("annotation %s: checkpoint archive %s: %w", AnnotationForkOf, ref, err)
-			}
-			log.G(ctx).WithFields(log.Fields{"id": r.ID, "rootfs_diff": applied}).Debug("lazyfork: fork-of archive")
-		case unpacked == "":
-			copied, err := s.copySnapshotLayer(ctx, ns, dir, mount.FromProto(r.Rootfs))
-			if err != nil {
-				return nil, fmt.Errorf("annotation %s: snapshot %s: %w", AnnotationForkOf, dir, err)
-			}
-			log.G(ctx).WithFields(log.Fields{"id": r.ID, "layer": copied}).Debug("lazyfork: fork-of snapshot")
-		}
 	}
 	var snap *memfile.SnapshotInfo
 	if r.Checkpoint != "" {
 		snap, err = memfile.ReadSnapshot(r.Checkpoint)
 		switch {
-		case errdefs.IsNotFound(err):
+		case errdefs.IsNotFound(err) && !byAnnotation:
 			snap = nil // a plain CRIU image: runc restores it as runc would
 		case err != nil:
 			return nil, fmt.Errorf("read LazyFork snapshot %s: %w", r.Checkpoint, err)
 		}
 	}
-	madvise := spec.Annotations[AnnotationMadvise]
-	if _, _, err := parseMadvise(madvise); err != nil {
-		return nil, fmt.Errorf("annotation %s: %w", AnnotationMadvise, err)
-	}
-	family := r.ID
-	if f := spec.Annotations[AnnotationFamily]; f != "" {
-		family = f
-	}
 	if snap != nil {
-		if snap.Family == "" {
-			return nil, fmt.Errorf("snapshot %s names no family: %w", r.Checkpoint, errdefs.ErrInvalidArgument)
+		// Before anything of the parent reaches this container: its memory
+		// files, its writable layer.
+		if err := authorizeRestore(store, ns, spec.Annotations, byAnnotation, r.Checkpoint, snap); err != nil {
+			return nil, err
 		}
-		if family != r.ID && family != snap.Family {
-			log.G(ctx).Warnf("lazyfork: annotation family %q overridden by snapshot family %q", family, snap.Family)
+		c.state.Family = snap.Family
+		if err := store.Verify(snap.Family, snap.Files); err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", r.Checkpoint, err)
 		}
-		family = snap.Family
+		c.state.Snapshot = r.Checkpoint
+		c.state.Holder = containerHolder(ns, r.ID)
+		if err := store.Ref(snap.Family, c.state.Holder, snap.Files); err != nil {
+			return nil, fmt.Errorf("reference memory files of %s: %w", r.Checkpoint, err)
+		}
+	} else {
+		if c.state.Family, err = claimRootFamily(store, ns, r.ID); err != nil {
+			return nil, err
+		}
 	}
-	store, err := s.Store()
-	if err != nil {
-		return nil, err
+	if f := spec.Annotations[AnnotationFamily]; f != "" && f != c.state.Family {
+		log.G(ctx).WithFields(log.Fields{"id": r.ID, "annotation": f, "family": c.state.Family}).Warn("lazyfork: family annotation ignored")
 	}
-	dir, err := store.FamilyDir(family)
-	if err != nil {
-		return nil, fmt.Errorf("family %q: %w", family, err)
-	}
-	if snap != nil {
-		for _, f := range snap.Files {
-			if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-				return nil, fmt.Errorf("snapshot %s: memory file %s of family %s: %w", r.Checkpoint, f, family, errdefs.ErrNotFound)
+	if byAnnotation {
+		// CRI prepared the image's rootfs; the parent's writable layer goes
+		// on top of it before runc mounts it (a running parent's already has).
+		ref := forkOf(spec.Annotations)
+		switch {
+		case c.state.Unpacked != "" && filepath.IsAbs(ref):
+			applied, err := applyRootfsDiff(ctx, ref, mount.FromProto(r.Rootfs))
+			if err != nil {
+				return nil, fmt.Errorf("annotation %s: checkpoint archive %s: %w", AnnotationForkOf, ref, err)
 			}
+			log.G(ctx).WithFields(log.Fields{"id": r.ID, "rootfs_diff": applied}).Debug("lazyfork: fork-of archive")
+		case c.state.Unpacked == "":
+			copied, err := s.copySnapshotLayer(ctx, ns, r.Checkpoint, mount.FromProto(r.Rootfs))
+			if err != nil {
+				return nil, fmt.Errorf("annotation %s: snapshot %s: %w", AnnotationForkOf, r.Checkpoint, err)
+			}
+			log.G(ctx).WithFields(log.Fields{"id": r.ID, "layer": copied}).Debug("lazyfork: fork-of snapshot")
 		}
 	}
-	withMemMount(spec, dir)
+	// The container sees only its own lineage's files, never its family's
+	// directory (where its relatives' later snapshots land).
+	var files []string
+	if snap != nil {
+		files = snap.Files
+	}
+	view := memfile.ViewName(ns, r.ID)
+	c.state.View = view
+	viewDir, err := store.LinkView(c.state.Family, view, files)
+	if err != nil {
+		return nil, fmt.Errorf("memory view of %s: %w", r.ID, err)
+	}
+	withMemMount(spec, viewDir)
 	if s.cfg.Overcommit != "" {
-		if err := ensureOvercommitFile(dir, s.cfg.Overcommit); err != nil {
+		if err := ensureOvercommitFile(viewDir, s.cfg.Overcommit); err != nil {
 			return nil, fmt.Errorf("overcommit file: %w", err)
 		}
 		withOvercommitHook(spec, s.self, s.cfg.Overcommit)
@@ -263,33 +293,10 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	if err := writeSpec(r.Bundle, spec); err != nil {
 		return nil, err
 	}
-	c := &container{
-		bundle: r.Bundle,
-		state: containerState{
-			Namespace: ns,
-			ID:        r.ID,
-			Family:    family,
-			Madvise:   madvise,
-			Unpacked:  unpacked,
-		},
-	}
-	if spec.Linux != nil {
-		c.state.CgroupsPath = spec.Linux.CgroupsPath
-	}
-	if snap != nil {
-		c.state.Snapshot = r.Checkpoint
-		c.state.Holder = containerHolder(ns, r.ID)
-		if err := store.Ref(family, c.state.Holder, snap.Files); err != nil {
-			return nil, fmt.Errorf("reference memory files of %s: %w", r.Checkpoint, err)
-		}
-	}
 	if err := writeState(r.Bundle, &c.state); err != nil {
-		if c.state.Holder != "" {
-			_ = store.Unref(family, c.state.Holder)
-		}
 		return nil, err
 	}
-	log.G(ctx).WithFields(log.Fields{"id": r.ID, "family": family, "snapshot": c.state.Snapshot}).Debug("lazyfork: container prepared")
+	log.G(ctx).WithFields(log.Fields{"id": r.ID, "family": c.state.Family, "snapshot": c.state.Snapshot}).Debug("lazyfork: container prepared")
 	return c, nil
 }
 
@@ -315,12 +322,21 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 		}
 		st.Unpacked = ""
 	}
-	if st.Family == "" {
+	if st.Family == "" && st.View == "" {
 		return nil
 	}
 	store, err := memfile.OpenStore(cfg.MemRoot())
 	if err != nil {
 		return err
+	}
+	if st.View != "" {
+		if err := store.RemoveView(st.View); err != nil {
+			return fmt.Errorf("remove memory view of %s: %w", st.ID, err)
+		}
+		st.View = ""
+	}
+	if st.Family == "" {
+		return nil
 	}
 	for _, h := range holders {
 		if h == "" {
@@ -345,13 +361,28 @@ func (s *Service) get(id string) *container {
 // it for OOM; LazyFork does both.
 func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
 	t0 := time.Now()
-	resp, err := s.TTRPCTaskService.Start(ctx, r)
 	c := s.get(r.ID)
-	if r.ExecID != "" || c == nil || c.state.Snapshot == "" {
+	restoring := r.ExecID == "" && c != nil && c.state.Snapshot != ""
+	var timedOut func() bool
+	if restoring {
+		var stop func()
+		stop, timedOut = s.boundRestore(ctx, r.ID, c.state.CgroupsPath)
+		defer stop()
+	}
+	resp, err := s.TTRPCTaskService.Start(ctx, r)
+	if !restoring {
 		return resp, err
 	}
 	log.G(ctx).WithFields(log.Fields{"id": r.ID, "restore": time.Since(t0)}).Debug("lazyfork: restored")
+	if err == nil && timedOut() {
+		// The restore finished as the timer fired: what it made was killed.
+		err = errgrpc.ToGRPC(fmt.Errorf("restore of %s: %w", r.ID, context.DeadlineExceeded))
+	}
 	if err != nil {
+		if timedOut() {
+			err = errgrpc.ToGRPC(fmt.Errorf("restore of %s did not finish within %s (LAZYFORK_RESTORE_TIMEOUT); its processes were killed; CRIU's log: %s: %w",
+				r.ID, s.cfg.RestoreTimeout, filepath.Join(c.bundle, "work", "restore.log"), context.DeadlineExceeded))
+		}
 		return nil, restoreError(err, c.bundle)
 	}
 	s.superviseIfZero(ctx, r.ID, c, int(resp.Pid))
@@ -365,6 +396,22 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	s.mu.Unlock()
 	s.watchOOM(ctx, r.ID, cg)
 	return resp, nil
+}
+
+// boundRestore bounds a restore by the configured timeout: when it passes,
+// every process in the task's cgroup (runc, CRIU, the half-restored tree) is
+// killed, so runc's restore returns and the caller cleans up. A restore of a
+// corrupt image can otherwise spin for ever (seen: 10 minutes at 97% CPU).
+// The request's own context is left alone: runc's shim hands it to the
+// process it starts.
+func (s *Service) boundRestore(ctx context.Context, id, cgroupsPath string) (stop func(), timedOut func() bool) {
+	var fired atomic.Bool
+	timer := time.AfterFunc(s.cfg.RestoreTimeout, func() {
+		fired.Store(true)
+		n := killCgroup(cgroupsPath)
+		log.G(ctx).WithFields(log.Fields{"id": id, "killed": n}).Warn("lazyfork: restore timed out")
+	})
+	return func() { timer.Stop() }, fired.Load
 }
 
 // restoreError adds the end of CRIU's restore log to a failed restore: runc
@@ -502,20 +549,27 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	if guard {
-		famDir, err := store.FamilyDir(st.Family)
+	famDir, err := store.FamilyDir(st.Family)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	src := &snapshotSource{Namespace: st.Namespace, Container: st.ID, Family: st.Family,
+		PodNamespace: st.PodNamespace, Forkable: st.Forkable, Taken: time.Now().UTC()}
+	// The source record and the guard go into the staged image, so the
+	// snapshot appears with them or not at all; only restored copies carry
+	// the guard.
+	ropts.Stage = func(_ context.Context, staging string) error {
+		if err := writeSource(staging, src); err != nil {
+			return fmt.Errorf("record source: %w", err)
+		}
+		if !guard {
+			return nil
+		}
+		rs, err := madvguard.DataRanges(staging, memfile.MountPath, famDir)
 		if err != nil {
-			return nil, errgrpc.ToGRPC(err)
+			return fmt.Errorf("madvise guard ranges: %w", err)
 		}
-		// The guard goes into the staged image, so the snapshot appears with
-		// it or not at all; only restored copies carry it.
-		ropts.Stage = func(_ context.Context, staging string) error {
-			rs, err := madvguard.DataRanges(staging, memfile.MountPath, famDir)
-			if err != nil {
-				return fmt.Errorf("madvise guard ranges: %w", err)
-			}
-			return madvguard.ApplyMode(staging, rs, mode)
-		}
+		return madvguard.ApplyMode(staging, rs, mode)
 	}
 	res, err := store.Rewrite(ctx, r.Path, ropts)
 	if err != nil {

@@ -31,6 +31,14 @@ type containerState struct {
 	// unpacked from a checkpoint archive named by lazyfork.io/fork-of;
 	// removed with the container.
 	Unpacked string `json:"unpacked,omitempty"`
+	// View is the container's memory view (memfile.ViewName): the directory
+	// mounted at /.lazyfork/mem, holding only its lineage's files.
+	View string `json:"view,omitempty"`
+	// PodNamespace is the Kubernetes namespace of a CRI container's pod.
+	PodNamespace string `json:"podNamespace,omitempty"`
+	// Forkable is the container's lazyfork.io/forkable opt-in, recorded in
+	// its snapshots.
+	Forkable bool `json:"forkable,omitempty"`
 }
 
 func writeState(bundle string, st *containerState) error {
