@@ -16,6 +16,13 @@
 // metadata does not know, so a crash at any point leaves either a record with
 // its directory or a leftover directory that the next start removes.
 //
+// A directory being built is never an orphan: its new-* name is reserved in
+// memory before its mkdir and released only once it is renamed or removed,
+// and the sweeps (Cleanup, and Remove's unless removals are deferred) skip
+// reserved names. A freeze fills its directory outside any transaction while
+// other calls, removals included, carry on. A crashed process's reservations
+// died with it, so the start-up Cleanup removes its new-* leftovers.
+//
 // # Frozen layers
 //
 // A fork must see its parent's filesystem as it was at the fork instant while

@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,10 +57,11 @@ type Snapshotter struct {
 	options     []string
 	asyncRemove bool
 
-	// building holds the new-* directories being filled outside a
-	// transaction (frozen-layer copies), so that Cleanup leaves them alone.
+	// building holds the names of the new-* directories being built, from
+	// before their mkdir until their rename or removal, so that no orphan
+	// sweep removes them (see newDir); true for a freeze's copy.
 	mu       sync.Mutex
-	building map[string]struct{} // guarded by mu
+	building map[string]bool // guarded by mu
 
 	lock      *os.File // flock on root/lock, held until Close
 	closeOnce sync.Once
@@ -116,7 +119,7 @@ func New(ctx context.Context, root string, opts ...Option) (*Snapshotter, error)
 		ms:          ms,
 		options:     options,
 		asyncRemove: c.asyncRemove,
-		building:    map[string]struct{}{},
+		building:    map[string]bool{},
 		lock:        lock,
 	}
 	if err := s.Cleanup(ctx); err != nil {
@@ -336,8 +339,9 @@ func (s *Snapshotter) removeAll(ctx context.Context, dirs []string) {
 	}
 }
 
-// orphanDirs must run inside a write transaction so no snapshot is created
-// while it compares.
+// orphanDirs lists the directories under root/snapshots that no snapshot
+// owns and no live call is building. It must run inside a write transaction
+// so that no snapshot is recorded while it compares.
 func (s *Snapshotter) orphanDirs(ctx context.Context) ([]string, error) {
 	ids, err := idMap(ctx)
 	if err != nil {
@@ -347,6 +351,8 @@ func (s *Snapshotter) orphanDirs(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// After the listing: every new-* name listed that a live call is
+	// building was reserved before its mkdir, so before the listing.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
@@ -390,16 +396,42 @@ func (s *Snapshotter) Close() error {
 	return s.closeErr
 }
 
-func (s *Snapshotter) newDir(kind snapshots.Kind, track bool) (string, error) {
-	td, err := os.MkdirTemp(s.snapshotsDir(), "new-")
-	if err != nil {
-		return "", fmt.Errorf("create snapshot dir: %w", err)
-	}
-	if track {
+// newDir creates the new-* directory a snapshot is built in, renamed to its
+// id by the transaction that records it.
+//
+// No sweep may remove a directory being built (Remove's and Cleanup's
+// orphanDirs): a freeze fills its directory for seconds outside any
+// transaction. So its name is entered in s.building before the mkdir, and
+// orphanDirs reads s.building after listing the directory: a name the
+// listing holds was created, hence reserved, before the listing, and is
+// skipped. It stays reserved until it is renamed to its id (inside the
+// recording transaction, which no sweep overlaps) or has been removed
+// (untrack). A crashed process reserved nothing in the new one, so the
+// Cleanup in New removes its leftovers.
+func (s *Snapshotter) newDir(kind snapshots.Kind, freeze bool) (string, error) {
+	var td string
+	for {
+		name := "new-" + strconv.FormatUint(rand.Uint64(), 36)
 		s.mu.Lock()
-		s.building[filepath.Base(td)] = struct{}{}
+		_, taken := s.building[name]
+		if !taken {
+			s.building[name] = freeze
+		}
 		s.mu.Unlock()
+		if taken {
+			continue
+		}
+		td = filepath.Join(s.snapshotsDir(), name)
+		err := os.Mkdir(td, 0o700)
+		if err == nil {
+			break
+		}
+		s.untrack(td)
+		if !errors.Is(err, os.ErrExist) { // else a crash leftover: pick another name
+			return "", fmt.Errorf("create snapshot dir: %w", err)
+		}
 	}
+	testHookNewDir(td)
 	if err := os.Mkdir(filepath.Join(td, "fs"), 0o755); err != nil {
 		return td, err
 	}
@@ -411,6 +443,10 @@ func (s *Snapshotter) newDir(kind snapshots.Kind, track bool) (string, error) {
 	return td, nil
 }
 
+// testHookNewDir is called right after a new-* directory is created.
+var testHookNewDir = func(td string) {}
+
+// untrack ends the reservation newDir made for td.
 func (s *Snapshotter) untrack(td string) {
 	s.mu.Lock()
 	delete(s.building, filepath.Base(td))
@@ -432,12 +468,11 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 	var td, path string
 	defer func() {
 		if td != "" {
-			s.untrack(td)
-			if err != nil {
-				if err1 := os.RemoveAll(td); err1 != nil {
-					log.G(ctx).WithError(err1).WithField("path", td).Warn("failed to remove temp snapshot dir")
-				}
+			// Removed while still reserved, so no sweep races this removal.
+			if err1 := os.RemoveAll(td); err1 != nil {
+				log.G(ctx).WithError(err1).WithField("path", td).Warn("failed to remove temp snapshot dir")
 			}
+			s.untrack(td)
 		}
 		if err != nil && path != "" {
 			if err1 := os.RemoveAll(path); err1 != nil {
@@ -449,7 +484,7 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 	var sourceKey, sourceID string
 	if freezing {
 		// The copy can take seconds: it runs outside any transaction (other
-		// snapshot calls carry on), into a tracked new-* dir Cleanup skips.
+		// snapshot calls carry on), into a new-* dir no sweep removes (newDir).
 		sourceKey, sourceID, err = s.resolveFreezeSource(ctx, key, source, parent)
 		if err != nil {
 			return nil, err

@@ -46,7 +46,11 @@ func (s *Snapshotter) Status(ctx context.Context) (*lazyforkv1.StatusResponse, e
 	}
 	st.Missing = missing
 	s.mu.Lock()
-	st.Building = uint64(len(s.building))
+	for _, freeze := range s.building {
+		if freeze {
+			st.Building++
+		}
+	}
 	s.mu.Unlock()
 	return st, nil
 }
