@@ -158,6 +158,9 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	if cfg.ids != nil && len(cfg.ids) != n {
 		return nil, fmt.Errorf("fork %s: %d ids for %d forks: %w", parentID, len(cfg.ids), n, errdefs.ErrInvalidArgument)
 	}
+	if err := checkMemory(parentID, n); err != nil {
+		return nil, err
+	}
 	ns, err := namespaces.NamespaceRequired(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)

@@ -64,11 +64,8 @@ func (c *Client) checkIDs(ctx context.Context, parentID string, ids []string) er
 // about the parent's anonymous memory free in ROOT (its tmpfs), and each fork
 // MinForkMemory of MemAvailable. Figures it cannot read are not checked.
 func (c *Client) checkResources(ctx context.Context, parentID string, task containerd.Task, n int) error {
-	if n > 0 {
-		if avail, err := memAvailable(); err == nil && uint64(n)*MinForkMemory > avail {
-			return fmt.Errorf("fork %s: %d forks need at least %d MiB of memory (%d MiB each), the host has %d MiB available (/proc/meminfo MemAvailable): fork fewer or free memory: %w",
-				parentID, n, uint64(n)*MinForkMemory>>20, MinForkMemory>>20, avail>>20, errdefs.ErrResourceExhausted)
-		}
+	if err := checkMemory(parentID, n); err != nil {
+		return err
 	}
 	if task == nil {
 		return nil
@@ -88,6 +85,15 @@ func (c *Client) checkResources(ctx context.Context, parentID string, task conta
 	if need > free {
 		return fmt.Errorf("fork %s: its snapshot needs about %d MiB (the parent's memory) in %s, which has %d MiB free: free space there (lazyfork gc removes leftovers) or enlarge its tmpfs: %w",
 			parentID, need>>20, c.root, free>>20, errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
+// checkMemory refuses n forks if the host lacks MinForkMemory each.
+func checkMemory(parentID string, n int) error {
+	if avail, err := memAvailable(); err == nil && n > 0 && uint64(n)*MinForkMemory > avail {
+		return fmt.Errorf("fork %s: %d forks need at least %d MiB of memory (%d MiB each), the host has %d MiB available (/proc/meminfo MemAvailable): fork fewer or free memory: %w",
+			parentID, n, uint64(n)*MinForkMemory>>20, MinForkMemory>>20, avail>>20, errdefs.ErrResourceExhausted)
 	}
 	return nil
 }
