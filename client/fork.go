@@ -31,6 +31,10 @@ import (
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
+// ErrCleanupIncomplete marks a failed Fork whose cleanup could not finish
+// (containerd unreachable): its record stays in ROOT/ops, and Reconcile (lazyfork gc) finishes it.
+var ErrCleanupIncomplete = errors.New("its cleanup is incomplete; run lazyfork gc")
+
 // ForkOpt configures one Fork call.
 type ForkOpt func(*forkConfig)
 
@@ -259,7 +263,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		defer cancel()
 		if _, err := c.undo(cctx, o.snapshot(), false); err != nil {
 			log.G(ctx).WithError(err).WithField("op", o.rec.ID).Warn("lazyfork: cleanup of a failed fork is incomplete; lazyfork gc finishes it")
-			retErr = fmt.Errorf("%w (its cleanup is incomplete: %v; run lazyfork gc)", retErr, err)
+			retErr = fmt.Errorf("%w (%w: %v)", retErr, ErrCleanupIncomplete, err)
 			return
 		}
 		_ = o.done()
@@ -434,7 +438,7 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if _, err := c.undo(cctx, o.snapshot(), false); err != nil {
-			retErr = fmt.Errorf("%w (its cleanup is incomplete: %v; run lazyfork gc)", retErr, err)
+			retErr = fmt.Errorf("%w (%w: %v)", retErr, ErrCleanupIncomplete, err)
 			return
 		}
 		_ = o.done()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -100,7 +101,7 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 				if bar {
 					fmt.Fprintln(os.Stderr)
 				}
-				if ctx.Err() != nil && a.ctx.Err() == nil {
+				if ctx.Err() != nil && a.ctx.Err() == nil && !errors.Is(err, client.ErrCleanupIncomplete) {
 					return fmt.Errorf("fork of %s interrupted: no copy was made, %s runs on (%w)", id, id, err)
 				}
 				return err
