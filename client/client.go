@@ -33,9 +33,14 @@ const (
 	LabelLog       = "lazyfork.io/log"        // file the task's stdout and stderr go to
 )
 
-// AnnotationFamily in a fork's spec tells the shim which family (and so which
-// shim process) the container joins.
+// AnnotationFamily in a fork's spec tells the shim which family the
+// container joins.
 const AnnotationFamily = "lazyfork.io/family"
+
+// AnnotationShimGroup in a fork's spec tells the shim which shim process
+// serves it: forks with the same value share one, never the parent's. Its
+// value is FAMILY-SNAPSHOT-K, K = the fork's index in its call / group size.
+const AnnotationShimGroup = "lazyfork.io/shim-group"
 
 // DefaultRoot is LazyFork's tmpfs root, the shim's default.
 const DefaultRoot = "/run/lazyfork"
@@ -46,6 +51,12 @@ type Client struct {
 	root        string
 	hookTimeout time.Duration
 	owned       bool // Connect made cd; Close closes it
+	// maxForks bounds n of one Fork call (WithMaxForks, LAZYFORK_MAX_FORKS).
+	maxForks int
+	// restoreTimeout bounds each fork's task create + start.
+	restoreTimeout time.Duration
+	// groupSize is how many forks of one call share a shim process.
+	groupSize int
 }
 
 // Opt configures a Client.
@@ -59,15 +70,37 @@ func WithRoot(dir string) Opt { return func(c *Client) { c.root = dir } }
 // (default hook.DefaultTimeout).
 func WithHookTimeout(d time.Duration) Opt { return func(c *Client) { c.hookTimeout = d } }
 
+// WithMaxForks bounds the forks one Fork call may make (default
+// DefaultMaxForks, or LAZYFORK_MAX_FORKS).
+func WithMaxForks(n int) Opt { return func(c *Client) { c.maxForks = n } }
+
+// WithRestoreTimeout bounds each fork's restore, its task create and start
+// (default DefaultRestoreTimeout); a fork past it is removed.
+func WithRestoreTimeout(d time.Duration) Opt { return func(c *Client) { c.restoreTimeout = d } }
+
+// WithShimGroupSize sets how many forks of one call share a shim process
+// (default DefaultShimGroupSize): a shim that dies takes only its group.
+func WithShimGroupSize(n int) Opt { return func(c *Client) { c.groupSize = n } }
+
+// DefaultRestoreTimeout bounds a fork's restore unless WithRestoreTimeout.
+const DefaultRestoreTimeout = 2 * time.Minute
+
+// DefaultShimGroupSize is how many forks of one call share a shim process.
+const DefaultShimGroupSize = 8
+
 // New returns a LazyFork client on top of a containerd client; the caller keeps
 // ownership of cd (and its namespace in the contexts it passes).
 func New(cd *containerd.Client, opts ...Opt) *Client {
-	c := &Client{cd: cd, root: DefaultRoot}
+	c := &Client{cd: cd, root: DefaultRoot, maxForks: maxForksFromEnv(),
+		restoreTimeout: DefaultRestoreTimeout, groupSize: DefaultShimGroupSize}
 	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
 		c.root = v
 	}
 	for _, o := range opts {
 		o(c)
+	}
+	if c.groupSize < 1 {
+		c.groupSize = DefaultShimGroupSize
 	}
 	return c
 }

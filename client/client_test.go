@@ -26,7 +26,7 @@ func TestForkCgroupsPath(t *testing.T) {
 
 func TestForkSpec(t *testing.T) {
 	parent := &oci.Spec{Linux: &specs.Linux{CgroupsPath: "/ns/p"}, Annotations: map[string]string{"a": "b"}}
-	s, err := forkSpec(parent, "p", "f", "fam")
+	s, err := forkSpec(parent, "p", "f", "fam", "fam-x-0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestForkSpec(t *testing.T) {
 	if parent.Linux.CgroupsPath != "/ns/p" || parent.Annotations[AnnotationFamily] != "" {
 		t.Errorf("parent spec changed")
 	}
-	if _, err := forkSpec(&oci.Spec{}, "p", "f", "fam"); !errdefs.IsInvalidArgument(err) {
+	if _, err := forkSpec(&oci.Spec{}, "p", "f", "fam", ""); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("spec without linux: %v", err)
 	}
 }

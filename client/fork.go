@@ -16,6 +16,7 @@ import (
 	runcopts "github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -30,6 +31,10 @@ import (
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
+// ErrCleanupIncomplete marks a failed Fork whose cleanup could not finish
+// (containerd unreachable): its record stays in ROOT/ops, and Reconcile (lazyfork gc) finishes it.
+var ErrCleanupIncomplete = errors.New("its cleanup is incomplete; run lazyfork gc")
+
 // ForkOpt configures one Fork call.
 type ForkOpt func(*forkConfig)
 
@@ -40,8 +45,18 @@ type forkConfig struct {
 	labels       map[string]string
 	// stayPaused leaves a parent this call paused frozen after a successful
 	// snapshot (Stop ends it without letting it run past the snapshot).
-	stayPaused bool
+	stayPaused     bool
+	maxForks       int
+	restoreTimeout time.Duration
 }
+
+// WithMax bounds the forks of this call (default: the client's, see
+// WithMaxForks).
+func WithMax(n int) ForkOpt { return func(c *forkConfig) { c.maxForks = n } }
+
+// WithTimeout bounds each fork's restore in this call (default: the
+// client's, see WithRestoreTimeout).
+func WithTimeout(d time.Duration) ForkOpt { return func(c *forkConfig) { c.restoreTimeout = d } }
 
 // WithIDs names the forks (len(ids) must be n); by default a fork is named
 // <family>-<random>.
@@ -98,7 +113,10 @@ func (r *Result) IDs() []string {
 
 // Fork makes n running copies of container parentID (whose task must run under
 // io.containerd.lazyfork.v1). On error the parent keeps running, unpaused, and
-// nothing Fork made is left.
+// nothing Fork made is left. Names and n are checked before the parent is
+// touched. Concurrent calls on one parent take their snapshots one after the
+// other. If the calling process dies mid-fork, what it made is listed in
+// ROOT/ops, and Reconcile (run by every Fork, and by lazyfork gc) undoes it.
 func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkOpt) (*Result, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("fork %s: n = %d: %w", parentID, n, errdefs.ErrInvalidArgument)
@@ -106,25 +124,55 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	return c.fork(ctx, parentID, n, opts...)
 }
 
-// fork is Fork; n = 0 takes the snapshot only (Checkpoint).
-func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkOpt) (_ *Result, retErr error) {
-	var cfg forkConfig
+func (c *Client) forkConfig(opts []ForkOpt) forkConfig {
+	cfg := forkConfig{maxForks: c.maxForks, restoreTimeout: c.restoreTimeout}
 	for _, o := range opts {
 		o(&cfg)
-	}
-	if cfg.ids != nil && len(cfg.ids) != n {
-		return nil, fmt.Errorf("fork %s: %d ids for %d forks: %w", parentID, len(cfg.ids), n, errdefs.ErrInvalidArgument)
 	}
 	if cfg.io == nil {
 		cfg.io = discardIO
 	}
-	// The lease keeps the forks' fresh snapshots from containerd's GC until
-	// their containers reference them.
-	ctx, done, err := c.cd.WithLease(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("fork %s: lease: %w", parentID, err)
+	if cfg.restoreTimeout <= 0 {
+		cfg.restoreTimeout = DefaultRestoreTimeout
 	}
-	defer done(context.WithoutCancel(ctx))
+	if cfg.maxForks <= 0 {
+		cfg.maxForks = DefaultMaxForks
+	}
+	return cfg
+}
+
+// forkIDs are the forks' ids: those given, else <family>-<random>.
+func forkIDs(cfg *forkConfig, family string, n int) []string {
+	if cfg.ids != nil {
+		return cfg.ids
+	}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = forkID(family)
+	}
+	return ids
+}
+
+// fork is Fork; n = 0 takes the snapshot only (Checkpoint).
+func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkOpt) (_ *Result, retErr error) {
+	cfg := c.forkConfig(opts)
+	if err := checkCount(parentID, n, cfg.maxForks); err != nil {
+		return nil, err
+	}
+	if cfg.ids != nil && len(cfg.ids) != n {
+		return nil, fmt.Errorf("fork %s: %d ids for %d forks: %w", parentID, len(cfg.ids), n, errdefs.ErrInvalidArgument)
+	}
+	if err := checkMemory(parentID, n); err != nil {
+		return nil, err
+	}
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	// Calls that died before: a parent one froze is thawed before we look.
+	if _, err := c.Reconcile(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("lazyfork: reconcile interrupted forks (lazyfork gc retries)")
+	}
 
 	parent, err := c.cd.LoadContainer(ctx, parentID)
 	if err != nil {
@@ -170,55 +218,164 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: cannot be forked: %s and no snapshot (it was not stopped with lazyfork stop): %w",
 			parentID, state, errdefs.ErrFailedPrecondition)
 	}
+	family := info.Labels[LabelFamily]
+	if family == "" {
+		family = parentID
+	}
+	ids := forkIDs(&cfg, family, n)
+	if err := c.checkIDs(ctx, parentID, ids); err != nil {
+		return nil, err
+	}
+	if err := c.checkResources(ctx, parentID, task, n); err != nil {
+		return nil, err
+	}
 
+	// The record first: from here on, whatever exists is listed in it.
 	if err := os.MkdirAll(c.snapshotsDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
-	snapDir, err := os.MkdirTemp(c.snapshotsDir(), "")
+	o, err := c.newOp(ns, parentID)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
+	snapDir := filepath.Join(c.snapshotsDir(), o.rec.ID)
 	imageDir := filepath.Join(snapDir, "image")
+	frozenName := ""
+	if info.Snapshotter == snapclient.SnapshotterName {
+		frozenName = "lazyfork-frozen-" + o.rec.ID
+	}
+	if err := o.update(func(r *opRecord) {
+		r.SnapshotDir, r.ImageDir, r.Snapshotter, r.Frozen = snapDir, imageDir, info.Snapshotter, frozenName
+		r.Lease, r.Forks = leaseID(o.rec.ID), ids
+	}); err != nil {
+		_ = o.done()
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
 	rfs := &rootfsSource{}
 	res := &Result{Parent: parentID, Snapshot: imageDir}
 	defer func() {
-		if retErr != nil && rfs.Frozen != "" {
-			// No fork is left to stack on the frozen layer: drop it.
-			if err := c.cd.SnapshotService(info.Snapshotter).Remove(context.WithoutCancel(ctx), rfs.Frozen); err != nil && !errdefs.IsNotFound(err) {
-				log.G(ctx).WithError(err).WithField("frozen", rfs.Frozen).Warn("lazyfork: remove frozen layer")
-			}
+		if retErr == nil {
+			return
 		}
-		if retErr != nil || !cfg.keepSnapshot {
-			if err := c.removeSnapshot(res.Family, snapDir); err != nil {
-				log.G(ctx).WithError(err).WithField("snapshot", snapDir).Warn("lazyfork: remove snapshot")
-			}
-			if retErr != nil {
-				res.Snapshot = ""
-			}
+		res.Snapshot = ""
+		// All or nothing: what this call made goes, the parent is thawed.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if _, err := c.undo(cctx, o.snapshot(), false); err != nil {
+			log.G(ctx).WithError(err).WithField("op", o.rec.ID).Warn("lazyfork: cleanup of a failed fork is incomplete; lazyfork gc finishes it")
+			retErr = fmt.Errorf("%w (%w: %v)", retErr, ErrCleanupIncomplete, err)
+			return
 		}
+		_ = o.done()
 	}()
+
+	ctx, err = c.withOpLease(ctx, o.rec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: lease: %w", parentID, err)
+	}
+	if err := os.Mkdir(snapDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	if err := os.WriteFile(filepath.Join(snapDir, opMarker), []byte(o.rec.ID+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
 	if err := os.Mkdir(imageDir, 0o700); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
-	if err := c.snapshot(ctx, parent, info, task, st.Status == containerd.Paused, imageDir, rfs, &cfg, res); err != nil {
+	// The snapshot phase, one call at a time per parent: the parent's state
+	// is read under the lock (another call's pause is not the caller's).
+	unlock, err := c.lockParent(ctx, ns, parentID)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	st, err = task.Status(ctx)
+	if err == nil && st.Status != containerd.Running && st.Status != containerd.Paused {
+		err = fmt.Errorf("its task is %s: %w", st.Status, errdefs.ErrFailedPrecondition)
+	}
+	if err == nil {
+		err = c.snapshot(ctx, o, parent, info, task, st.Status == containerd.Paused, imageDir, frozenName, rfs, &cfg, res)
+	}
+	unlock()
+	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 	rfs.Snapshotter = info.Snapshotter
-	rfs.Namespace, _ = namespaces.Namespace(ctx)
+	rfs.Namespace = ns
 	if err := writeRootfsSource(snapDir, rfs); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
-	if n == 0 {
-		return res, nil
+	if n > 0 {
+		forks, restore, err := c.restoreForks(ctx, parentID, info, spec, res.Family, imageDir, rfs, ids, &cfg)
+		if err != nil {
+			return nil, fmt.Errorf("fork %s: %w", parentID, err)
+		}
+		res.Forks, res.Restore = forks, restore
 	}
-	forks, restore, err := c.restoreForks(ctx, parentID, info, spec, res.Family, imageDir, rfs, n, &cfg)
-	if err != nil {
+
+	// Success: the forks and a kept snapshot are owned by their containers
+	// (and the caller) now; the record stops naming them before the lease goes.
+	if cfg.keepSnapshot {
+		if err := os.Remove(filepath.Join(snapDir, opMarker)); err != nil {
+			return nil, fmt.Errorf("fork %s: %w", parentID, err)
+		}
+	}
+	if err := o.update(func(r *opRecord) {
+		r.Forks, r.Paused, r.Frozen = nil, false, ""
+		if cfg.keepSnapshot {
+			r.SnapshotDir = ""
+		}
+	}); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
-	res.Forks, res.Restore = forks, restore
+	c.finishOp(context.WithoutCancel(ctx), o, res.Family, cfg.keepSnapshot)
 	return res, nil
+}
+
+// finishOp ends a successful operation: the snapshot directory unless kept,
+// the lease, the record. What fails stays in the record for Reconcile.
+func (c *Client) finishOp(ctx context.Context, o *op, family string, keep bool) {
+	ok := true
+	if !keep && o.rec.SnapshotDir != "" {
+		if err := c.removeSnapshot(family, o.rec.SnapshotDir); err != nil {
+			log.G(ctx).WithError(err).WithField("snapshot", o.rec.SnapshotDir).Warn("lazyfork: remove snapshot (lazyfork gc retries)")
+			ok = false
+		}
+	}
+	if err := c.deleteLease(ctx, o.rec.Lease); err != nil {
+		log.G(ctx).WithError(err).WithField("lease", o.rec.Lease).Warn("lazyfork: delete lease (lazyfork gc retries)")
+		ok = false
+	}
+	if ok {
+		_ = o.done()
+	}
+}
+
+// leaseID is the containerd lease of operation op.
+func leaseID(op string) string { return "lazyfork-op-" + op }
+
+// withOpLease creates operation op's lease (labelled LabelOp, expiring after
+// 24 h at the latest) and returns ctx carrying it: the forks' fresh
+// snapshots stay out of containerd's GC until their containers reference them.
+func (c *Client) withOpLease(ctx context.Context, op string) (context.Context, error) {
+	l, err := c.cd.LeasesService().Create(ctx, leases.WithID(leaseID(op)),
+		leases.WithExpiration(24*time.Hour), leases.WithLabel(LabelOp, op))
+	if err != nil {
+		return ctx, err
+	}
+	return leases.WithLease(ctx, l.ID), nil
+}
+
+func (c *Client) deleteLease(ctx context.Context, id string) error {
+	if id == "" {
+		return nil
+	}
+	err := c.cd.LeasesService().Delete(ctx, leases.Lease{ID: id})
+	if err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	return nil
 }
 
 // RestoreForks restores n more forks of parentID from a snapshot kept by Fork
@@ -226,21 +383,17 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 // still exist (its spec, image and runtime are cloned); its task need not run.
 // On error nothing is left of the forks.
 func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n int, opts ...ForkOpt) (_ []Fork, retErr error) {
-	var cfg forkConfig
-	for _, o := range opts {
-		o(&cfg)
-	}
+	cfg := c.forkConfig(opts)
 	if n < 1 || cfg.ids != nil && len(cfg.ids) != n {
 		return nil, fmt.Errorf("restore forks of %s: n = %d, %d ids: %w", parentID, n, len(cfg.ids), errdefs.ErrInvalidArgument)
 	}
-	if cfg.io == nil {
-		cfg.io = discardIO
+	if err := checkCount(parentID, n, cfg.maxForks); err != nil {
+		return nil, err
 	}
-	ctx, done, err := c.cd.WithLease(ctx)
+	ns, err := namespaces.NamespaceRequired(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer done(context.WithoutCancel(ctx))
 	snap, err := memfile.ReadSnapshot(imageDir)
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: snapshot %s: %w", parentID, imageDir, err)
@@ -261,32 +414,68 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 	if err != nil {
 		return nil, err
 	}
-	forks, _, err := c.restoreForks(ctx, parentID, info, spec, snap.Family, imageDir, rfs, n, &cfg)
+	ids := forkIDs(&cfg, snap.Family, n)
+	if err := c.checkIDs(ctx, parentID, ids); err != nil {
+		return nil, err
+	}
+	if err := c.checkResources(ctx, parentID, nil, n); err != nil {
+		return nil, err
+	}
+	o, err := c.newOp(ns, parentID)
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
 	}
+	if err := o.update(func(r *opRecord) {
+		r.ImageDir, r.Snapshotter, r.Lease, r.Forks = imageDir, info.Snapshotter, leaseID(o.rec.ID), ids
+	}); err != nil {
+		_ = o.done()
+		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
+	}
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if _, err := c.undo(cctx, o.snapshot(), false); err != nil {
+			retErr = fmt.Errorf("%w (%w: %v)", retErr, ErrCleanupIncomplete, err)
+			return
+		}
+		_ = o.done()
+	}()
+	ctx, err = c.withOpLease(ctx, o.rec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("restore forks of %s: lease: %w", parentID, err)
+	}
+	forks, _, err := c.restoreForks(ctx, parentID, info, spec, snap.Family, imageDir, rfs, ids, &cfg)
+	if err != nil {
+		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
+	}
+	if err := o.update(func(r *opRecord) { r.Forks = nil }); err != nil {
+		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
+	}
+	c.finishOp(context.WithoutCancel(ctx), o, snap.Family, true)
 	return forks, nil
 }
 
-// restoreForks makes n forks at once; if any fails, all are removed.
+// restoreForks makes the forks ids at once; if any fails, all are removed.
 func (c *Client) restoreForks(ctx context.Context, parentID string, info containers.Container, spec *oci.Spec,
-	family, imageDir string, rfs *rootfsSource, n int, cfg *forkConfig) ([]Fork, time.Duration, error) {
-	ids := cfg.ids
-	if ids == nil {
-		ids = make([]string, n)
-		for i := range ids {
-			ids[i] = forkID(family)
-		}
-	}
+	family, imageDir string, rfs *rootfsSource, ids []string, cfg *forkConfig) ([]Fork, time.Duration, error) {
+	n := len(ids)
 	forks := make([]Fork, n)
 	errs := make([]error, n)
 	start := time.Now()
+	var first sync.Once
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, imageDir, rfs, cfg)
+			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/c.groupSize)
+			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, group, imageDir, rfs, cfg)
+			if errs[i] == nil {
+				first.Do(func() { errs[i] = failpoint(ctx, FailAfterFirstFork) })
+			}
 		}()
 	}
 	wg.Wait()
@@ -306,8 +495,8 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 // writable layer (a frozen layer on LazyFork's snapshotter, else a copy aside),
 // and thaws it again (whatever happened, unless the caller had it paused
 // already).
-func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info containers.Container, task containerd.Task,
-	wasPaused bool, imageDir string, rfs *rootfsSource, cfg *forkConfig, res *Result) (retErr error) {
+func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Container, info containers.Container, task containerd.Task,
+	wasPaused bool, imageDir, frozenName string, rfs *rootfsSource, cfg *forkConfig, res *Result) (retErr error) {
 	var pending *snapclient.PendingFreeze
 	if info.Snapshotter == snapclient.SnapshotterName {
 		// The bulk of the layer copy happens before the pause; Commit only
@@ -316,8 +505,7 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 		if cfg.keepSnapshot {
 			labels = map[string]string{gcRootLabel: time.Now().UTC().Format(time.RFC3339)}
 		}
-		name := "lazyfork-frozen-" + filepath.Base(filepath.Dir(imageDir))
-		p, err := snapclient.StartFreeze(ctx, c.cd.SnapshotService(info.Snapshotter), info.SnapshotKey, name, snapshots.WithLabels(labels))
+		p, err := snapclient.StartFreeze(ctx, c.cd.SnapshotService(info.Snapshotter), info.SnapshotKey, frozenName, snapshots.WithLabels(labels))
 		if err != nil {
 			return fmt.Errorf("start freezing the writable layer: %w", err)
 		}
@@ -338,6 +526,10 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 	t0 := time.Now()
 	thawedEarly := false
 	if !wasPaused {
+		// Recorded before the pause: a call that dies paused is thawed.
+		if err := o.update(func(r *opRecord) { r.Paused = true }); err != nil {
+			return err
+		}
 		if err := task.Pause(ctx); err != nil {
 			return fmt.Errorf("pause: %w", err)
 		}
@@ -346,6 +538,9 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 				res.Paused = time.Since(t0)
 				return
 			}
+			if err := failpoint(ctx, FailBeforeResume); err != nil {
+				retErr = errors.Join(retErr, err)
+			}
 			if err := task.Resume(context.WithoutCancel(ctx)); err != nil {
 				retErr = errors.Join(retErr, fmt.Errorf("resume parent: %w", err))
 			}
@@ -353,6 +548,9 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 				res.Paused = time.Since(t0)
 			}
 		}()
+	}
+	if err := failpoint(ctx, FailAfterPause); err != nil {
+		return err
 	}
 	// The writable layer first: frozen, the task cannot change it between
 	// this copy and its dump.
@@ -364,6 +562,9 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 			return fmt.Errorf("freeze writable layer of %s: %w", parent.ID(), err)
 		}
 		rfs.Frozen = frozen.Name
+		if err := failpoint(ctx, FailAfterFreeze); err != nil {
+			return err
+		}
 	} else {
 		upper, err := c.upperDir(ctx, info.Snapshotter, info.SnapshotKey)
 		if err != nil {
@@ -407,6 +608,9 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", errgrpc.ToNative(err))
 	}
+	if err := failpoint(ctx, FailAfterCheckpt); err != nil {
+		return err
+	}
 	snap, err := memfile.ReadSnapshot(imageDir)
 	if err != nil {
 		return fmt.Errorf("checkpoint of %s is not a LazyFork snapshot: %w", parent.ID(), err)
@@ -417,7 +621,7 @@ func (c *Client) snapshot(ctx context.Context, parent containerd.Container, info
 
 // restoreFork makes fork id: its rootfs, its container, its restored task.
 func (c *Client) restoreFork(ctx context.Context, id, parentID string, info containers.Container, spec *oci.Spec,
-	family, imageDir string, rfs *rootfsSource, cfg *forkConfig) (f Fork, retErr error) {
+	family, group, imageDir string, rfs *rootfsSource, cfg *forkConfig) (f Fork, retErr error) {
 	sn := c.cd.SnapshotService(info.Snapshotter)
 	base := rfs.Frozen // a fork stacks a fresh upper on the frozen layer...
 	if base == "" {    // ...or on the parent's image, then copies the layer in
@@ -449,7 +653,7 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 			return f, fmt.Errorf("fork %s: copy writable layer: %w", id, err)
 		}
 	}
-	fspec, err := forkSpec(spec, parentID, id, family)
+	fspec, err := forkSpec(spec, parentID, id, family, group)
 	if err != nil {
 		return f, fmt.Errorf("fork %s: %w", id, err)
 	}
@@ -492,13 +696,28 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 	containerMade = true
 	f.Container = ctr
 	t0 := time.Now()
-	task, err := ctr.NewTask(ctx, cfg.io(id), containerd.WithRestoreImagePath(imageDir))
+	// The restore is bounded: a CRIU restore that never ends (a damaged
+	// image) must not hold the call forever.
+	rctx, cancel := context.WithTimeout(ctx, cfg.restoreTimeout)
+	defer cancel()
+	timedOut := func(err error) error {
+		if rctx.Err() != context.DeadlineExceeded || ctx.Err() != nil {
+			return err
+		}
+		where := "the task's bundle, work/restore.log (removed with the fork)"
+		if p := c.saveRestoreLog(context.WithoutCancel(ctx), id); p != "" {
+			where = p
+		}
+		return fmt.Errorf("restore did not finish within %v and was stopped (raise the bound with --timeout or client.WithRestoreTimeout); CRIU's restore log: %s: %w",
+			cfg.restoreTimeout, where, context.DeadlineExceeded)
+	}
+	task, err := ctr.NewTask(rctx, cfg.io(id), containerd.WithRestoreImagePath(imageDir))
 	if err != nil {
-		return f, fmt.Errorf("fork %s: create task: %w", id, err)
+		return f, fmt.Errorf("fork %s: create task: %w", id, timedOut(err))
 	}
 	f.Task = task
-	if err := task.Start(ctx); err != nil {
-		return f, fmt.Errorf("fork %s: restore: %w", id, err)
+	if err := task.Start(rctx); err != nil {
+		return f, fmt.Errorf("fork %s: restore: %w", id, timedOut(err))
 	}
 	f.Restore = time.Since(t0)
 	if hookDir != "" {
@@ -512,12 +731,11 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 	return f, nil
 }
 
-// removeFork deletes a fork's task, container and rootfs snapshot.
+// removeFork deletes a fork's task (also one whose create did not return),
+// container and rootfs snapshot.
 func removeFork(ctx context.Context, f Fork) {
-	if f.Task != nil {
-		if _, err := f.Task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).WithField("id", f.Container.ID()).Warn("lazyfork: delete fork task")
-		}
+	if err := deleteTask(ctx, f.Container); err != nil {
+		log.G(ctx).WithError(err).WithField("id", f.Container.ID()).Warn("lazyfork: delete fork task")
 	}
 	if err := f.Container.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		log.G(ctx).WithError(err).WithField("id", f.Container.ID()).Warn("lazyfork: delete fork container")
@@ -525,7 +743,7 @@ func removeFork(ctx context.Context, f Fork) {
 }
 
 // forkSpec is the parent's spec for fork id: its own cgroup, its family.
-func forkSpec(parent *oci.Spec, parentID, id, family string) (*oci.Spec, error) {
+func forkSpec(parent *oci.Spec, parentID, id, family, group string) (*oci.Spec, error) {
 	b, err := json.Marshal(parent)
 	if err != nil {
 		return nil, err
@@ -542,6 +760,9 @@ func forkSpec(parent *oci.Spec, parentID, id, family string) (*oci.Spec, error) 
 		s.Annotations = map[string]string{}
 	}
 	s.Annotations[AnnotationFamily] = family
+	if group != "" {
+		s.Annotations[AnnotationShimGroup] = group
+	}
 	return &s, nil
 }
 

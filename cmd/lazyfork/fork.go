@@ -1,22 +1,27 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/client"
 )
 
 func init() {
-	var n int
+	var n, maxForks int
 	var name string
+	var timeout time.Duration
 	register(&command{
 		name:  "fork",
 		args:  "NAME [-n N] [--name N]",
@@ -28,15 +33,25 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 		flags: func(fs *flag.FlagSet) {
 			fs.IntVar(&n, "n", 1, "number of copies")
 			fs.StringVar(&name, "name", "", "name (and id) of the copy; with -n N > 1: NAME-1 ... NAME-N")
+			fs.IntVar(&maxForks, "max", 0, fmt.Sprintf("most copies one call may make (default %d, or $LAZYFORK_MAX_FORKS)", client.DefaultMaxForks))
+			fs.DurationVar(&timeout, "timeout", client.DefaultRestoreTimeout, "bound on each copy's restore; a copy past it is removed and the fork fails")
 		},
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 1, "NAME"); err != nil {
 				return err
 			}
 			if n < 1 {
-				return fmt.Errorf("-n %d: need at least one copy", n)
+				return fmt.Errorf("-n %d: need at least one copy: %w", n, errdefs.ErrInvalidArgument)
 			}
-			id, err := a.resolve(pos[0])
+			opts := []client.ForkOpt{client.WithTimeout(timeout)}
+			if maxForks > 0 {
+				opts = append(opts, client.WithMax(maxForks))
+			}
+			// Ctrl-C or SIGTERM cancels the whole call: what it made goes,
+			// the parent runs on (the cleanup does not heed the signal).
+			ctx, stopSignals := signal.NotifyContext(a.ctx, os.Interrupt, syscall.SIGTERM)
+			defer stopSignals()
+			id, err := a.lf.Resolve(ctx, pos[0])
 			if err != nil {
 				return err
 			}
@@ -47,11 +62,6 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 				} else {
 					for i := 1; i <= n; i++ {
 						ids = append(ids, fmt.Sprintf("%s-%d", name, i))
-					}
-				}
-				for _, x := range ids {
-					if _, err := a.cd.LoadContainer(a.ctx, x); err == nil {
-						return fmt.Errorf("a container named %q exists", x)
 					}
 				}
 			}
@@ -77,19 +87,22 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 					}
 				}
 			}()
-			opts := []client.ForkOpt{client.WithIO(func(fid string) cio.Creator {
+			opts = append(opts, client.WithIO(func(fid string) cio.Creator {
 				started.Add(1)
 				return cio.LogFile(a.logPath(fid))
-			})}
+			}))
 			if ids != nil {
 				opts = append(opts, client.WithIDs(ids...))
 			}
-			res, err := a.lf.Fork(a.ctx, id, n, opts...)
+			res, err := a.lf.Fork(ctx, id, n, opts...)
 			close(stop)
 			<-done
 			if err != nil {
 				if bar {
 					fmt.Fprintln(os.Stderr)
+				}
+				if ctx.Err() != nil && a.ctx.Err() == nil && !errors.Is(err, client.ErrCleanupIncomplete) {
+					return fmt.Errorf("fork of %s interrupted: no copy was made, %s runs on (%w)", id, id, err)
 				}
 				return err
 			}

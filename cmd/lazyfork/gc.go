@@ -1,0 +1,34 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+)
+
+func init() {
+	var dry bool
+	register(&command{
+		name:  "gc",
+		args:  "[--dry-run]",
+		short: "undo forks whose process died mid-way (thaw their parents, remove half-made copies, snapshots, leases) and remove orphaned snapshots",
+		example: `  lazyfork gc             # prints one line per object removed
+  lazyfork gc --dry-run   # prints what it would remove`,
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&dry, "dry-run", false, "only print what would be removed")
+		},
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 0, "no arguments"); err != nil {
+				return err
+			}
+			rep, err := a.lf.GC(a.ctx, dry)
+			verb := "removed"
+			if dry {
+				verb = "would remove"
+			}
+			for _, r := range rep.Removed {
+				fmt.Fprintf(a.out, "%s %s\n", verb, r)
+			}
+			return err
+		},
+	})
+}

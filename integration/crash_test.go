@@ -1,0 +1,324 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/v2/core/snapshots"
+
+	"github.com/lazyfork/lazyfork/integration/harness"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
+)
+
+// stackState is what a user checks is back as before: containers, leases,
+// snapshots of both snapshotters, LazyFork's files and their bytes.
+type stackState struct {
+	containers, leases, snapshots, files []string
+	bytes                                int64
+}
+
+func (e *cliEnv) state(t *testing.T) stackState {
+	t.Helper()
+	ctx := e.ctx(t)
+	cl := e.Client()
+	var s stackState
+	ctrs, err := cl.ContainerService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range ctrs {
+		s.containers = append(s.containers, c.ID)
+	}
+	ls, err := cl.LeasesService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		s.leases = append(s.leases, l.ID)
+	}
+	for _, name := range []string{snapclient.SnapshotterName, "overlayfs"} {
+		err := cl.SnapshotService(name).Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+			s.snapshots = append(s.snapshots, name+":"+i.Name)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = filepath.WalkDir(e.Root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		rel, _ := filepath.Rel(e.Root, p)
+		if strings.HasPrefix(rel, "locks/") { // empty lock files, one per parent
+			return nil
+		}
+		s.files = append(s.files, rel)
+		var st syscall.Stat_t
+		if syscall.Stat(p, &st) == nil {
+			s.bytes += st.Blocks * 512
+		}
+		return nil
+	})
+	for _, l := range [][]string{s.containers, s.leases, s.snapshots, s.files} {
+		sort.Strings(l)
+	}
+	return s
+}
+
+// assertSame checks that nothing is left beyond the before state (what was
+// there may have gone: containerd collects a deleted fork's frozen layer).
+func assertSame(t *testing.T, before, after stackState) {
+	t.Helper()
+	for _, c := range []struct {
+		what string
+		b, a []string
+	}{{"containers", before.containers, after.containers}, {"leases", before.leases, after.leases},
+		{"snapshots", before.snapshots, after.snapshots}, {"files under the LazyFork root", before.files, after.files}} {
+		was := map[string]bool{}
+		for _, x := range c.b {
+			was[x] = true
+		}
+		for _, x := range c.a {
+			if !was[x] {
+				t.Errorf("%s: %s left (before: %q)", c.what, x, c.b)
+			}
+		}
+	}
+	if after.bytes > before.bytes+64<<10 {
+		t.Errorf("the LazyFork root holds %d bytes, %d before", after.bytes, before.bytes)
+	}
+}
+
+// parentRuns checks the parent's task is RUNNING (not paused) and still counting.
+func (e *cliEnv) parentRuns(t *testing.T, id string) {
+	t.Helper()
+	task, err := e.Client().TaskService().Get(e.ctx(t), &tasksapi.GetRequest{ContainerID: id})
+	if err != nil {
+		t.Fatalf("parent %s: %v", id, err)
+	}
+	if st := task.Process.Status.String(); st != "RUNNING" {
+		t.Fatalf("parent %s is %s, want RUNNING", id, st)
+	}
+	last := e.waitTick(t, id, 0)
+	e.waitTick(t, id, last)
+}
+
+// startCounterCLI creates a counter with the CLI, forks and deletes it once
+// (so that the family's records exist), and returns the stack's state then.
+func (e *cliEnv) startCounterCLI(t *testing.T, name string) stackState {
+	t.Helper()
+	ctx := e.ctx(t)
+	if _, err := e.ImportImage(ctx, "python", harness.WithSnapshotter(snapclient.SnapshotterName)); err != nil {
+		t.Fatal(err)
+	}
+	pyRef, _ := harness.ImageRef("python")
+	e.must(t, "create", "--name", name, pyRef, "--", "python3", counterPy, "16", "--interval", "0.05")
+	e.waitTick(t, name, 3)
+	warm := strings.TrimSpace(e.must(t, "fork", name))
+	e.must(t, "delete", warm)
+	return e.state(t)
+}
+
+// failingFork is `lazyfork fork` stopped at a failpoint.
+type failingFork struct {
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	done           chan error
+}
+
+// forkAt runs `lazyfork fork ARGS` with LAZYFORK_FAILPOINT=stage:sleep=10m and
+// returns once it reached the failpoint.
+func (e *cliEnv) forkAt(t *testing.T, stage string, args ...string) *failingFork {
+	t.Helper()
+	full := append([]string{"--address", e.Address, "--namespace", e.Namespace, "--root", e.Root, "--log-dir", e.logDir, "fork"}, args...)
+	f := &failingFork{cmd: exec.Command(filepath.Join(e.Bin, "lazyfork"), full...), done: make(chan error, 1)}
+	f.cmd.Env = append(os.Environ(), "LAZYFORK_FAILPOINT="+stage+":sleep=10m")
+	f.cmd.Stdout = &f.stdout
+	pr, pw := io.Pipe()
+	f.cmd.Stderr = pw
+	if err := f.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	reached := make(chan struct{})
+	var mu sync.Mutex
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			mu.Lock()
+			f.stderr.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if sc.Text() == "lazyfork: failpoint "+stage {
+				close(reached)
+			}
+		}
+	}()
+	go func() { f.done <- f.cmd.Wait(); pw.Close() }()
+	select {
+	case <-reached:
+		return f
+	case err := <-f.done:
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("lazyfork fork ended (%v) before failpoint %s:\n%s", err, stage, f.stderr.String())
+	case <-time.After(3 * time.Minute):
+		_ = f.cmd.Process.Kill()
+		t.Fatalf("lazyfork fork did not reach failpoint %s", stage)
+	}
+	return nil
+}
+
+func (f *failingFork) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-f.done:
+		return err
+	case <-time.After(3 * time.Minute):
+		_ = f.cmd.Process.Kill()
+		t.Fatal("lazyfork fork does not end")
+		return nil
+	}
+}
+
+var crashStages = []string{"after-pause", "after-freeze", "after-checkpoint", "after-first-fork-created", "before-resume"}
+
+// TestCrashCLIKilled: the CLI SIGKILLed at each stage of a fork; lazyfork gc
+// thaws the parent and removes everything the fork made.
+func TestCrashCLIKilled(t *testing.T) {
+	e := startCLIEnv(t)
+	before := e.startCounterCLI(t, "counter")
+	for _, stage := range crashStages {
+		t.Run(stage, func(t *testing.T) {
+			f := e.forkAt(t, stage, "counter", "-n", "2")
+			_ = f.cmd.Process.Kill()
+			_ = f.wait(t)
+			out := e.must(t, "gc")
+			t.Logf("gc after a kill at %s:\n%s", stage, out)
+			if !strings.Contains(out, "removed op record") {
+				t.Errorf("gc removed no operation record:\n%s", out)
+			}
+			e.parentRuns(t, "counter")
+			assertSame(t, before, e.state(t))
+		})
+	}
+	// A fork after all that works.
+	id := strings.TrimSpace(e.must(t, "fork", "counter"))
+	e.waitTick(t, id, 0)
+}
+
+// TestCrashCLIInterrupted: SIGINT (Ctrl-C) and SIGTERM at a stage cancel the
+// fork; it cleans up by itself, prints no id, and the parent runs on.
+func TestCrashCLIInterrupted(t *testing.T) {
+	e := startCLIEnv(t)
+	before := e.startCounterCLI(t, "counter")
+	for i, stage := range crashStages {
+		sig := os.Interrupt
+		if i%2 == 1 {
+			sig = syscall.SIGTERM
+		}
+		t.Run(stage, func(t *testing.T) {
+			f := e.forkAt(t, stage, "counter", "-n", "2")
+			_ = f.cmd.Process.Signal(sig)
+			err := f.wait(t)
+			if err == nil {
+				t.Errorf("interrupted fork exited 0")
+			}
+			if s := strings.TrimSpace(f.stdout.String()); s != "" {
+				t.Errorf("interrupted fork printed %q", s)
+			}
+			t.Logf("stderr: %s", f.stderr.String())
+			if !strings.Contains(f.stderr.String(), "interrupted") {
+				t.Errorf("stderr does not say the fork was interrupted:\n%s", f.stderr.String())
+			}
+			e.parentRuns(t, "counter")
+			assertSame(t, before, e.state(t))
+		})
+	}
+}
+
+// TestCrashContainerdKilled: containerd dies while a fork has the parent
+// paused; the CLI cannot clean up and says so; after containerd is back,
+// lazyfork gc thaws the parent and leaves nothing.
+func TestCrashContainerdKilled(t *testing.T) {
+	e := startCLIEnv(t)
+	before := e.startCounterCLI(t, "counter")
+	for _, stage := range []string{"after-pause", "after-first-fork-created"} {
+		t.Run(stage, func(t *testing.T) {
+			f := e.forkAt(t, stage, "counter", "-n", "2")
+			if err := e.KillDaemon(); err != nil {
+				t.Fatal(err)
+			}
+			_ = f.cmd.Process.Signal(os.Interrupt)
+			if err := f.wait(t); err == nil {
+				t.Error("fork without containerd exited 0")
+			}
+			t.Logf("stderr: %s", f.stderr.String())
+			// containerd is down: gc fails and keeps the record.
+			if _, err := e.lf(t, "gc"); err == nil {
+				t.Error("gc without containerd succeeded")
+			}
+			if err := e.StartDaemon(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			// Right after its start containerd may not reach every shim
+			// yet: gc says so and keeps the record; a user runs it again.
+			var out string
+			for try := 0; ; try++ {
+				o, err := e.lf(t, "gc")
+				out += o
+				if err == nil {
+					break
+				}
+				if try == 5 {
+					t.Fatalf("gc: %v", err)
+				}
+				t.Logf("gc: %v", err)
+				time.Sleep(time.Second)
+			}
+			t.Logf("gc:\n%s", out)
+			e.parentRuns(t, "counter")
+			assertSame(t, before, e.state(t))
+		})
+	}
+}
+
+// TestCrashConcurrentForks: several fork calls of one running parent at once,
+// each its own process, all succeed; the parent runs on.
+func TestCrashConcurrentForks(t *testing.T) {
+	e := startCLIEnv(t)
+	e.startCounterCLI(t, "counter")
+	const calls = 4
+	var wg sync.WaitGroup
+	outs := make([]string, calls)
+	errs := make([]error, calls)
+	for i := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i], errs[i] = e.lf(t, "fork", "counter")
+		}()
+	}
+	wg.Wait()
+	for i := range calls {
+		if errs[i] != nil {
+			t.Errorf("fork call %d: %v", i, errs[i])
+			continue
+		}
+		id := strings.TrimSpace(outs[i])
+		e.waitTick(t, id, 0)
+	}
+	e.parentRuns(t, "counter")
+}
