@@ -86,7 +86,7 @@ func WithShimGroupSize(n int) Opt { return func(c *Client) { c.groupSize = n } }
 const DefaultRestoreTimeout = 2 * time.Minute
 
 // DefaultShimGroupSize is how many forks of one call share a shim process.
-const DefaultShimGroupSize = 8
+const DefaultShimGroupSize = 16
 
 // New returns a LazyFork client on top of a containerd client; the caller keeps
 // ownership of cd (and its namespace in the contexts it passes).

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -165,7 +166,11 @@ func TestFork10(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	res, err := e.lfClient().Fork(ctx, parent.id, 10, e.logIO())
+	// Shim groups of 4: three fork shims, so killing one shows what the
+	// others keep.
+	const groupSize = 4
+	lf := lfclient.New(e.Client(), lfclient.WithRoot(e.Root), lfclient.WithShimGroupSize(groupSize))
+	res, err := lf.Fork(ctx, parent.id, 10, e.logIO())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,14 +227,79 @@ func TestFork10(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if l[lfclient.LabelParent] != parent.id || l[lfclient.LabelFamily] != parent.id || l[lfclient.LabelSnapshot] == "" {
+		if l[lfclient.LabelParent] != parent.id || l[lfclient.LabelFamily] != res.Family || l[lfclient.LabelSnapshot] == "" {
 			t.Errorf("%s: labels %v", f.Container.ID(), l)
 		}
 	}
-	// One shim process serves the family.
-	if n := len(harness.ShimPIDs(e.Address)); n != 1 {
-		t.Errorf("%d shim processes serve one family, want 1", n)
+	// The parent has a shim of its own; the forks share shims by groups of
+	// at most groupSize, so one dying shim never takes the parent or more
+	// than its group.
+	shims := shimsByID(e.Address)
+	groups := (len(forks) + groupSize - 1) / groupSize
+	if len(shims) != 1+groups {
+		t.Errorf("%d shim processes serve the parent and 10 forks, want %d", len(shims), 1+groups)
 	}
+	if _, ok := shims[parent.id]; !ok {
+		t.Fatalf("no shim started for the parent %s: %v", parent.id, shims)
+	}
+	// Kill one fork's shim (as the OOM killer or a crash would): its group
+	// dies, the parent and every other fork keep running.
+	var victim *counter
+	for _, f := range forks {
+		if _, ok := shims[f.id]; ok {
+			victim = f
+			break
+		}
+	}
+	if victim == nil {
+		t.Fatalf("no shim started by a fork: %v", shims)
+	}
+	group := func(c *counter) string {
+		spec, err := res.Forks[slices.IndexFunc(forks, func(f *counter) bool { return f == c })].Container.Spec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return spec.Annotations[lfclient.AnnotationShimGroup]
+	}
+	victimGroup := group(victim)
+	if err := syscall.Kill(shims[victim.id], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	died := 0
+	for _, f := range forks {
+		if group(f) == victimGroup {
+			died++
+			continue
+		}
+		f.waitLine(t, ctx, len(f.lines(t)), "tick ")
+	}
+	parent.waitLine(t, ctx, len(parent.lines(t)), "tick ")
+	if st, err := parent.task.Status(ctx); err != nil || st.Status != containerd.Running {
+		t.Errorf("parent after a fork's shim was killed: %v %v", st.Status, err)
+	}
+	if died == 0 || died > groupSize {
+		t.Errorf("%d forks shared the killed shim, want 1..%d", died, groupSize)
+	}
+	t.Logf("killed the shim of %s: %d forks of its group went, %d forks and the parent kept running", victim.id, died, len(forks)-died)
+}
+
+// shimsByID maps the -id of each shim serving the containerd at address (the
+// container that started it) to its pid.
+func shimsByID(address string) map[string]int {
+	out := map[string]int{}
+	for _, pid := range harness.ShimPIDs(address) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-id" {
+				out[args[i+1]] = pid
+			}
+		}
+	}
+	return out
 }
 
 // pyHold is a python program that holds MiB of heap and counts (for tests that
@@ -450,9 +520,15 @@ func TestForkFailures(t *testing.T) {
 		// A memory file vanishes (an administrator, a bug): forks from the
 		// snapshot must fail before CRIU runs, and say which file.
 		for _, f := range snap.Files {
+			// Memory files are immutable: only an explicit unseal lets
+			// anyone move one.
+			if err := memfile.Unseal(filepath.Join(famDir, f)); err != nil {
+				t.Fatal(err)
+			}
 			if err := os.Rename(filepath.Join(famDir, f), filepath.Join(famDir, "gone-"+f+".x")); err != nil {
 				t.Fatal(err)
 			}
+			defer memfile.Seal(filepath.Join(famDir, f))
 			defer os.Rename(filepath.Join(famDir, "gone-"+f+".x"), filepath.Join(famDir, f))
 		}
 		ids := forkIDs("mf-"+lfRandom(3), 2)

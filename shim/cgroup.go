@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containerd/cgroups/v3"
@@ -60,6 +61,37 @@ func killCgroup(cgroupsPath string) int {
 		}
 	}
 	return len(seen)
+}
+
+// unmountCRIUYard unmounts what a CRIU killed mid-restore left mounted: its
+// cgroup yard (.criu.cgyard.*, one mount per hierarchy) in the task's work
+// directory. CRIU removes it itself when it ends normally.
+func unmountCRIUYard(ctx context.Context, id string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	// The work directory is the bundle's, named after the id; containerd
+	// renames a bundle it deletes to ".<id>" first.
+	markers := []string{"/" + id + "/.criu.cgyard.", "/." + id + "/.criu.cgyard."}
+	var yards []string
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 5 || !strings.Contains(f[4], markers[0]) && !strings.Contains(f[4], markers[1]) {
+			continue
+		}
+		yards = append(yards, f[4])
+	}
+	// Deepest first: the hierarchies, then the yard itself.
+	slices.SortFunc(yards, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range yards {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			log.G(ctx).WithError(err).WithField("mount", m).Warn("lazyfork: unmount CRIU's cgroup yard")
+		}
+	}
+	for _, m := range yards {
+		_ = os.Remove(m)
+	}
 }
 
 // removeCgroup removes the (empty) cgroup directories of a cgroupfs-style

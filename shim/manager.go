@@ -3,6 +3,8 @@ package shim
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -54,6 +56,17 @@ func (m *lfManager) Start(ctx context.Context, params *bootapi.BootstrapParams) 
 // default group is the container's own id).
 const shimGroupPrefix = "lazyfork-group-"
 
+// shimGroupID turns a group name into runc's group: the name itself when it
+// is a short, plain identifier, else a digest of it (a family and a snapshot
+// name together may exceed containerd's 76 characters).
+func shimGroupID(group string) string {
+	if id := shimGroupPrefix + group; identifiers.Validate(id) == nil {
+		return id
+	}
+	sum := sha256.Sum256([]byte(group))
+	return shimGroupPrefix + hex.EncodeToString(sum[:16])
+}
+
 func groupByShimGroup(bundle string) error {
 	path := filepath.Join(bundle, specFile)
 	b, err := os.ReadFile(path)
@@ -75,10 +88,7 @@ func groupByShimGroup(bundle string) error {
 	if group == "" || ann[AnnotationRuncGroup] != "" || ann[AnnotationCRISandbox] != "" {
 		return nil
 	}
-	if err := identifiers.Validate(group); err != nil {
-		return fmt.Errorf("annotation %s: %w", AnnotationShimGroup, err)
-	}
-	ann[AnnotationRuncGroup] = shimGroupPrefix + group
+	ann[AnnotationRuncGroup] = shimGroupID(group)
 	raw, err := json.Marshal(ann)
 	if err != nil {
 		return err

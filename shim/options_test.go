@@ -3,10 +3,12 @@ package shim
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	runcopts "github.com/containerd/containerd/api/types/runc/options"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -167,5 +169,18 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("LAZYFORK_OVERCOMMIT", "3")
 	if _, err := ConfigFromEnv(); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("overcommit 3: %v", err)
+	}
+}
+
+// A group name too long or odd for containerd's identifiers still groups,
+// by its digest, and distinct names stay distinct.
+func TestShimGroupID(t *testing.T) {
+	long := strings.Repeat("f", 64) + "-" + strings.Repeat("a", 32) + "-0"
+	a, b := shimGroupID(long), shimGroupID(long[:len(long)-1]+"1")
+	if a == b || identifiers.Validate(a) != nil || identifiers.Validate(b) != nil {
+		t.Fatalf("groups %q and %q: want distinct valid identifiers", a, b)
+	}
+	if g := shimGroupID("fam-x-0"); g != shimGroupPrefix+"fam-x-0" {
+		t.Errorf("short group %q, want it kept readable", g)
 	}
 }
