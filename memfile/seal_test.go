@@ -469,3 +469,44 @@ func TestFamilyLockAcrossRemoval(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSealAnywhere: on a t.TempDir, sealed where the caller can (root on
+// ext4) or not at all (non-root): memory files made and sealed there pass
+// Verify, link into views, and the directory can be cleaned up.
+func TestSealAnywhere(t *testing.T) {
+	tmp := t.TempDir()
+	t.Cleanup(func() {
+		if err := memfile.RemoveAll(tmp); err != nil {
+			t.Error(err)
+		}
+	})
+	s, err := memfile.OpenStore(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	famDir, _ := s.FamilyDir("fam")
+	memFile(t, s, "fam", "a.mem")
+	memFile(t, s, "fam", "b.mem")
+	if err := s.Verify("fam", []string{"a.mem", "b.mem"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ref("fam", "container:ns/c", []string{"a.mem"}); err != nil {
+		t.Fatal(err)
+	}
+	view, err := s.LinkView("fam", memfile.ViewName("ns", "c"), []string{"a.mem"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dirNames(t, view); !slices.Equal(got, []string{"a.mem"}) || !sameInode(t, filepath.Join(view, "a.mem"), filepath.Join(famDir, "a.mem")) {
+		t.Fatalf("view holds %v", got)
+	}
+	if freed, err := s.GC(context.Background()); err != nil || !slices.Equal(freed, []string{"b.mem"}) {
+		t.Fatalf("GC freed %v: %v", freed, err)
+	}
+	if err := s.RemoveView(memfile.ViewName("ns", "c")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Verify("fam", []string{"a.mem"}); err != nil {
+		t.Fatal(err)
+	}
+}
