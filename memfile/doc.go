@@ -43,7 +43,7 @@
 //
 // The converted VMA records the file as CRIU's checks demand: a reg-file
 // entry with the path under RewriteOptions.MapDir, and the exact size and
-// mode the file has on disk (0400, never touched again). In a dump that has
+// mode the file has on disk (0400, sealed: never touched again). In a dump that has
 // its own mount namespace the entry carries the mnt_id of the mount that
 // holds MapDir (CRIU opens the path relative to that mount's root).
 //
@@ -137,8 +137,8 @@
 // # Atomicity
 //
 // The memory file is written under a temporary name (.tmp-*, flocked by its
-// writer) and renamed into place at commit, under the family lock (which GC
-// takes too), just before the RewriteOptions.Stage hook runs. The new image is built in a
+// writer) and renamed into place and sealed at commit, under the family lock
+// (which GC takes too), just before the RewriteOptions.Stage hook runs. The new image is built in a
 // staging directory beside imageDir (unchanged files hard linked), including
 // lazyfork.json, then swapped with imageDir by one renameat2(RENAME_EXCHANGE):
 // whatever moment a rewrite dies at, imageDir is either the old image, intact,
@@ -160,6 +160,59 @@
 //   - "pid:<pid>": alive while that process lives (its start time is
 //     recorded, so a recycled PID does not count);
 //   - anything else (e.g. "container:<ns>/<id>"): alive until Unref.
+//
+// # Sealing
+//
+// Memory files are the ground truth of every running copy: a changed byte
+// changes every copy that has not written that page, a truncation kills them
+// with SIGBUS. Once a rewrite names its memory file (commit), the file gets
+// the immutable attribute (FS_IMMUTABLE_FL, chattr +i; tmpfs and ext4 have
+// it, setting it needs CAP_LINUX_IMMUTABLE): nobody, root included, may then
+// open it for writing, truncate, chmod, rename, link or unlink it until the
+// flag is cleared. Where the filesystem or the caller cannot seal (a
+// non-root test on a t.TempDir), files stay unsealed (debug log). Only the
+// store clears the flag, for the unlink of GC or of an aborted rewrite and
+// for the link of a view, and sets it again while the inode has other
+// links. [Seal], [Unseal]; [RemoveAll] removes trees holding sealed files
+// (purges, teardowns, test cleanup). [Store.Verify] checks cheaply, without
+// reading data, that files are present, regular, 0400, not empty, and
+// sealed where this store can seal (found by sealing a probe file once);
+// each problem is an errdefs.ErrDataLoss error naming the file.
+//
+// # Owners
+//
+// A family belongs to one containerd namespace: [Store.Claim] records the
+// first claimant ([Owner]: namespace, the container that started the family,
+// time) in <root>/.state/<family>/owner.json under the family lock; a claim
+// by the same namespace succeeds, one by another namespace is an
+// errdefs.ErrAlreadyExists error naming both. [Store.Owner] reads it
+// (ErrNotFound when unowned).
+//
+// # Views
+//
+// A family is not a trust boundary: its directory holds the deltas of every
+// member. A container therefore gets a view instead: <root>/.views/<view>
+// ([Store.ViewDir], the name from [ViewName](namespace, id), 32 hex digits
+// of a sha256), a directory of hard links to exactly the files of its own
+// lineage ([Store.LinkView], idempotent, under the family lock). Links share
+// the inode, hence the page cache, with the family file; a file the family
+// gets later (a sibling's delta) is not in the view. Entries of the view
+// that LinkView did not make (the shim's vm.overcommit_memory file) are left
+// alone. [Store.RemoveView] removes the view, links and all.
+//
+// # Lifetime of a family
+//
+// GC and Unref work by name in the family directory and by device and inode
+// in /proc/*/maps, so a copy mapping a file through its view still pins it;
+// the .views and .state directories are not families (names starting with a
+// dot are not valid family names). A file freed from the family while a view
+// still links it lives on, sealed, until the view goes. A family with no
+// files (none being written either), no live holder and no view is removed
+// by GC (or by the Unref or RemoveView that emptied it), with its state
+// directory and owner record: a family that has no files yet (a container
+// started, not snapshotted) keeps its owner only while something holds it,
+// Ref(family, holder, nil) or a view (LinkView with no files). The lock file
+// goes last, and lockFamily relocks if the file it waited on was removed.
 //
 // # Not supported
 //

@@ -86,11 +86,21 @@ func (s *Store) FamilyDir(family string) (string, error) {
 		return "", err
 	}
 	dir := filepath.Join(s.root, family)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("family dir: %w", err)
+	var err error
+	// A GC removing the family while it is empty can remove a parent
+	// between two mkdirs: try again.
+	for try := 0; try < 100; try++ {
+		if err = os.MkdirAll(dir, 0o755); err != nil {
+			err = fmt.Errorf("family dir: %w", err)
+		} else if err = os.MkdirAll(s.refsDir(family), 0o700); err != nil {
+			err = fmt.Errorf("family state: %w", err)
+		}
+		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, os.ErrExist) {
+			break
+		}
 	}
-	if err := os.MkdirAll(s.refsDir(family), 0o700); err != nil {
-		return "", fmt.Errorf("family state: %w", err)
+	if err != nil {
+		return "", err
 	}
 	return dir, nil
 }
@@ -111,6 +121,9 @@ func (s *Store) lockFamily(family string) (func(), error) {
 		}
 		path := filepath.Join(s.stateDir(family), "lock")
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the state directory was just removed by a GC
+		}
 		if err != nil {
 			return nil, fmt.Errorf("lock family %s: %w", family, err)
 		}
@@ -126,6 +139,12 @@ func (s *Store) lockFamily(family string) (func(), error) {
 		}
 		var held, now unix.Stat_t
 		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(path, &now) == nil && held.Dev == now.Dev && held.Ino == now.Ino {
+			// That GC may have removed the directories after our FamilyDir
+			// and before we created the new lock file: make them again.
+			if _, err := s.FamilyDir(family); err != nil {
+				f.Close()
+				return nil, err
+			}
 			return func() { f.Close() }, nil
 		}
 		f.Close()
@@ -251,6 +270,9 @@ func (s *Store) records(family string) (map[string]*holderRecord, error) {
 		}
 		p := filepath.Join(s.refsDir(family), e.Name())
 		r, err := readRecord(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // dropped since the listing (Holders takes no lock)
+		}
 		if err != nil {
 			// A torn record cannot happen (atomic writes); an unreadable one
 			// is kept and pins nothing we can name, so be safe: fail.
@@ -452,10 +474,24 @@ func (s *Store) dropIfEmptyLocked(ctx context.Context, family string, holders in
 	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil // a file arrived (ENOTEMPTY): the family lives on
 	}
-	log.G(ctx).WithField("family", family).Debug("memfile: empty family removed")
-	if err := os.RemoveAll(s.stateDir(family)); err != nil {
-		return fmt.Errorf("remove state of empty family %s: %w", family, err)
+	// Processes waiting for the lock recreate the (empty) directories at
+	// any time (FamilyDir): remove only empty ones, the owner, and the lock
+	// file last, so that a waiter relocks (see lockFamily) only once the
+	// family is gone. A directory recreated meanwhile simply stays.
+	state := s.stateDir(family)
+	for _, d := range []string{s.refsDir(family), vdir} {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
 	}
+	tmps, _ := filepath.Glob(filepath.Join(state, ".*.tmp-*")) // of atomicfile writers that died
+	for _, p := range append(tmps, s.ownerPath(family), filepath.Join(state, "lock")) {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove state of empty family %s: %w", family, err)
+		}
+	}
+	os.Remove(state)
+	log.G(ctx).WithField("family", family).Debug("memfile: empty family removed")
 	return nil
 }
 

@@ -39,7 +39,9 @@ teardown() {
 	for m in $(awk -v d="$D/" '$2 ~ "^"d {print $2}' /proc/self/mounts | sort -r); do
 		umount -l "$m"
 	done
-	rm -rf "$D"
+	# Memory files are immutable (chattr +i); when the root was on a tmpfs
+	# already (/run on most hosts), they are still here: clear the flag.
+	rm -rf "$D" 2>/dev/null || { chattr -R -f -i "$D"; rm -rf "$D"; }
 }
 
 fail() {
@@ -117,6 +119,6 @@ if ((KEEP)); then
 Kept. Try:
   $BIN/lazyfork --address $ADDR --namespace $NS --root $D/root --log-dir $D/logs attach twin
 Tear down with: LAZYFORK_DEMO_DIR=$D $0   (it tears down a previous demo first), or
-  $BIN/lazyfork --address $ADDR --root $D/root setup --down; umount -l $D/root; rm -rf $D
+  $BIN/lazyfork --address $ADDR --root $D/root setup --down; umount -l $D/root; chattr -R -f -i $D; rm -rf $D
 EOT
 fi

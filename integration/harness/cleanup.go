@@ -20,6 +20,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/memfile"
 )
 
 // removeAll kills and deletes every task, container, image and snapshot in every
@@ -277,6 +279,22 @@ func unmountUnder(dir string) error {
 	pts, _ := MountsUnder(dir)
 	if len(pts) > 0 {
 		return fmt.Errorf("harness: mounts left under %s: %v", dir, pts)
+	}
+	return nil
+}
+
+// RemoveLazyForkRoot tears down a LazyFork root (a test's LAZYFORK_ROOT):
+// it detaches every mount under it (the tmpfs the shims mounted goes once
+// nothing maps its files) and removes the directory. Memory files are
+// immutable (memfile.Seal); where the root was on a tmpfs already (no mount
+// of its own, e.g. a /tmp on tmpfs), they are unsealed to be removed.
+// Call it after the containers are gone.
+func RemoveLazyForkRoot(root string) error {
+	if err := unmountUnder(root); err != nil {
+		return err
+	}
+	if err := memfile.RemoveAll(root); err != nil {
+		return fmt.Errorf("harness: remove LazyFork root %s: %w", root, err)
 	}
 	return nil
 }
