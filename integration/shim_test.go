@@ -18,7 +18,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/internal/testutil"
@@ -79,11 +78,10 @@ func startLF(t *testing.T, opts harness.Options) *lfEnv {
 	// Registered before the harness's teardown, so it runs after it: the
 	// tmpfs the shims mounted goes once nothing maps its files.
 	t.Cleanup(func() {
-		if err := unix.Unmount(root, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
-			t.Errorf("unmount LazyFork root %s: %v", root, err)
-		}
-		if err := os.RemoveAll(root); err != nil {
-			t.Errorf("remove LazyFork root: %v", err)
+		// Memory files are immutable: a plain RemoveAll fails where the
+		// root is not LazyFork's own tmpfs.
+		if err := harness.RemoveLazyForkRoot(root); err != nil {
+			t.Errorf("remove LazyFork root %s: %v", root, err)
 		}
 	})
 	opts.BinDirs = append([]string{bin}, opts.BinDirs...)

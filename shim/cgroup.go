@@ -63,33 +63,38 @@ func killCgroup(cgroupsPath string) int {
 	return len(seen)
 }
 
-// unmountCRIUYard unmounts what a CRIU killed mid-restore left mounted: its
-// cgroup yard (.criu.cgyard.*, one mount per hierarchy) in the task's work
-// directory. CRIU removes it itself when it ends normally.
-func unmountCRIUYard(ctx context.Context, id string) {
+// unmountRestoreLeftovers unmounts what a restore killed midway (a restore
+// timeout, a shim or runc killed) left mounted: CRIU's cgroup yard
+// (.criu.cgyard.*, one mount per hierarchy) in the task's work directory,
+// which containerd would then try to delete file by file, and runc's
+// criu-root bind of the rootfs in its state directory <root>/<ns>/<id>.
+// CRIU and runc remove both themselves when they end normally.
+func unmountRestoreLeftovers(ctx context.Context, ns, id string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return
 	}
 	// The work directory is the bundle's, named after the id; containerd
 	// renames a bundle it deletes to ".<id>" first.
-	markers := []string{"/" + id + "/.criu.cgyard.", "/." + id + "/.criu.cgyard."}
-	var yards []string
+	yards := []string{"/" + id + "/.criu.cgyard.", "/." + id + "/.criu.cgyard."}
+	criuRoot := "/" + ns + "/" + id + "/criu-root"
+	var found []string
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
-		if len(f) < 5 || !strings.Contains(f[4], markers[0]) && !strings.Contains(f[4], markers[1]) {
+		if len(f) < 5 {
 			continue
 		}
-		yards = append(yards, f[4])
-	}
-	// Deepest first: the hierarchies, then the yard itself.
-	slices.SortFunc(yards, func(a, b string) int { return len(b) - len(a) })
-	for _, m := range yards {
-		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			log.G(ctx).WithError(err).WithField("mount", m).Warn("lazyfork: unmount CRIU's cgroup yard")
+		if m := f[4]; strings.Contains(m, yards[0]) || strings.Contains(m, yards[1]) || strings.HasSuffix(m, criuRoot) {
+			found = append(found, m)
 		}
 	}
-	for _, m := range yards {
+	// Deepest first: a yard's hierarchies, then the yard itself.
+	slices.SortFunc(found, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range found {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			log.G(ctx).WithError(err).WithField("mount", m).Warn("lazyfork: unmount what a killed restore left")
+			continue
+		}
 		_ = os.Remove(m)
 	}
 }

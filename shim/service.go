@@ -308,7 +308,7 @@ func (s *Service) release(ctx context.Context, c *container) error {
 
 func releaseContainer(ctx context.Context, cfg Config, st *containerState) error {
 	if st.Snapshot != "" {
-		unmountCRIUYard(ctx, st.ID)
+		unmountRestoreLeftovers(ctx, st.Namespace, st.ID)
 		removeCgroup(ctx, st.CgroupsPath)
 	}
 	holders := []string{st.Holder, exportHolder(st.Namespace, st.ID)}
@@ -382,7 +382,7 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if err != nil {
 		// A CRIU that died mid-restore leaves its cgroup yard mounted in
 		// the work directory, which containerd then tries to delete.
-		unmountCRIUYard(ctx, r.ID)
+		unmountRestoreLeftovers(ctx, c.state.Namespace, r.ID)
 		if timedOut() {
 			err = errgrpc.ToGRPC(fmt.Errorf("restore of %s did not finish within %s (LAZYFORK_RESTORE_TIMEOUT); its processes were killed; CRIU's log: %s: %w",
 				r.ID, s.cfg.RestoreTimeout, filepath.Join(c.bundle, "work", "restore.log"), context.DeadlineExceeded))

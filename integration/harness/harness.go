@@ -300,6 +300,14 @@ func (c *Containerd) Stop() error {
 	if err := os.RemoveAll(c.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("harness: remove %s: %w", c.Dir, err))
 	}
+	// runc keeps the state of containers made without a runc Root option
+	// (the CLI's) in its default root, by namespace, whatever containerd's
+	// state dir is: the harness's namespace is its own.
+	runcDefault := filepath.Join("/run/containerd/runc", c.Namespace)
+	errs = append(errs, unmountUnder(runcDefault))
+	if err := os.RemoveAll(runcDefault); err != nil {
+		errs = append(errs, fmt.Errorf("harness: remove %s: %w", runcDefault, err))
+	}
 	return errors.Join(errs...)
 }
 

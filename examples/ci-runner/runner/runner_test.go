@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/examples/ci-runner/runner"
 	"github.com/lazyfork/lazyfork/integration/harness"
@@ -38,8 +36,9 @@ func setup(t *testing.T, size runner.Size) (*runner.Runner, context.Context) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = unix.Unmount(root, unix.MNT_DETACH)
-		os.RemoveAll(root)
+		if err := harness.RemoveLazyForkRoot(root); err != nil {
+			t.Errorf("remove LazyFork root %s: %v", root, err)
+		}
 	})
 	h := harness.StartT(t, harness.Options{BinDirs: []string{bin}, Env: []string{"LAZYFORK_ROOT=" + root}})
 	ctx, cancel := context.WithTimeout(h.Context(context.Background()), 3*time.Minute)
