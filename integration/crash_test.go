@@ -322,3 +322,66 @@ func TestCrashConcurrentForks(t *testing.T) {
 	}
 	e.parentRuns(t, "counter")
 }
+
+// TestCrashShimKilled: one shim failure does not take a family down. A fork
+// group's shim killed while a fork call restores: the parent and an earlier
+// fork run on, and the call leaves nothing. The parent's own shim killed
+// mid-fork: the parent goes with it (it is that shim's container), the earlier
+// fork runs on, and gc leaves nothing of the call.
+func TestCrashShimKilled(t *testing.T) {
+	e := startCLIEnv(t)
+	e.startCounterCLI(t, "counter")
+	survivor := strings.TrimSpace(e.must(t, "fork", "counter"))
+	e.waitTick(t, survivor, 0)
+	before := e.state(t)
+	initial := shimsByID(e.Address)
+	if len(initial) != 2 {
+		t.Fatalf("shims %v, want the parent's and the earlier fork's", initial)
+	}
+	if _, ok := initial[survivor]; !ok {
+		t.Fatalf("the earlier fork %s has no shim of its own: %v", survivor, initial)
+	}
+	var parentShim int
+	for id, pid := range initial {
+		if id != survivor {
+			parentShim = pid
+		}
+	}
+
+	t.Run("fork group's shim", func(t *testing.T) {
+		f := e.forkAt(t, "after-first-fork-created", "counter", "-n", "2")
+		killed := 0
+		for id, pid := range shimsByID(e.Address) {
+			if _, old := initial[id]; !old {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				killed++
+			}
+		}
+		if killed == 0 {
+			t.Fatal("no shim serves the new fork")
+		}
+		_ = f.cmd.Process.Signal(os.Interrupt)
+		_ = f.wait(t)
+		t.Logf("stderr: %s", f.stderr.String())
+		e.must(t, "gc")
+		e.parentRuns(t, "counter")
+		e.waitTick(t, survivor, e.waitTick(t, survivor, 0))
+		assertSame(t, before, e.state(t))
+	})
+
+	t.Run("parent's shim", func(t *testing.T) {
+		f := e.forkAt(t, "after-checkpoint", "counter", "-n", "2")
+		if err := syscall.Kill(parentShim, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = f.cmd.Process.Signal(os.Interrupt)
+		if err := f.wait(t); err == nil {
+			t.Error("a fork whose parent's shim died exited 0")
+		}
+		t.Logf("stderr: %s", f.stderr.String())
+		e.must(t, "gc")
+		// The earlier fork is in a shim of its own: it runs on.
+		e.waitTick(t, survivor, e.waitTick(t, survivor, 0))
+		assertSame(t, before, e.state(t))
+	})
+}
