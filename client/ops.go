@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/internal/atomicfile"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // LabelOp marks the containerd lease a Fork call takes (its value is the
@@ -143,23 +145,14 @@ func (r *opRecord) alive() bool {
 	return r.PID > 0 && r.PIDStart != "" && processStart(r.PID) == r.PIDStart
 }
 
-// processStart is field 22 of /proc/PID/stat (the start time in clock ticks
-// since boot), "" if there is no such process.
+// processStart is the start time of process pid (clock ticks after boot) as
+// text, "" if there is no such process.
 func processStart(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return ""
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return ""
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 { // f[0] is field 3
-		return ""
-	}
-	return f[19]
+	return strconv.FormatUint(st.StartTime, 10)
 }
 
 // lockParent serialises the snapshot phase (pause .. checkpoint .. resume) of

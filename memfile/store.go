@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/internal/atomicfile"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // MountPath is where a container sees its family's memory directory (read-only).
@@ -312,26 +313,16 @@ func (s *Store) alive(family string, r *holderRecord) bool {
 	return true
 }
 
-// pidStartTime reads field 22 of /proc/PID/stat.
+// pidStartTime is the start time of a live (not zombie) process.
 func pidStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
-		return 0, fmt.Errorf("process %d: %w", pid, errdefs.ErrNotFound)
+		return 0, err
 	}
-	// comm may hold spaces and parentheses: fields start after the last ')'.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, fmt.Errorf("process %d: bad stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("process %d: bad stat", pid)
-	}
-	// f[0] is field 3 (state); field 22 is f[19].
-	if f[0] == "Z" || f[0] == "X" {
+	if st.Zombie() {
 		return 0, fmt.Errorf("process %d is a zombie: %w", pid, errdefs.ErrNotFound)
 	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return st.StartTime, nil
 }
 
 func checkFileName(f string) error {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // ownerFile records which process owns a harness dir: "PID STARTTIME", the start
@@ -17,21 +19,11 @@ func selfIdentity() string {
 }
 
 func processIdentity(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return ""
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return ""
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); the start time is field 22.
-	if len(f) < 20 {
-		return ""
-	}
-	return fmt.Sprintf("%d %s", pid, f[19])
+	return fmt.Sprintf("%d %d", pid, st.StartTime)
 }
 
 // ownerAlive reports whether the process that started the harness in dir still runs.

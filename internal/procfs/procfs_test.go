@@ -1,0 +1,40 @@
+package procfs
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+// A live process has a start time that does not change; a reaped one is not
+// found; a zombie says so.
+func TestReadStat(t *testing.T) {
+	self, err := ReadStat(os.Getpid())
+	if err != nil || self.StartTime == 0 || self.Zombie() {
+		t.Fatalf("self: %+v %v", self, err)
+	}
+	again, _ := ReadStat(os.Getpid())
+	if again.StartTime != self.StartTime {
+		t.Errorf("start time changed: %d then %d", self.StartTime, again.StartTime)
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	pid := cmd.Process.Pid
+	// Not yet reaped: a zombie once it has exited.
+	for i := 0; i < 1000; i++ {
+		if st, err := ReadStat(pid); err == nil && st.Zombie() {
+			break
+		}
+	}
+	if st, err := ReadStat(pid); err != nil || !st.Zombie() {
+		t.Errorf("exited, unreaped child: %+v %v, want a zombie", st, err)
+	}
+	cmd.Wait()
+	if _, err := ReadStat(pid); !errdefs.IsNotFound(err) {
+		t.Errorf("reaped child: %v, want not found", err)
+	}
+}
