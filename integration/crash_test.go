@@ -154,8 +154,10 @@ func (e *cliEnv) forkAt(t *testing.T, stage string, args ...string) *failingFork
 		t.Fatal(err)
 	}
 	reached := make(chan struct{})
+	scanned := make(chan struct{})
 	var mu sync.Mutex
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			mu.Lock()
@@ -166,7 +168,12 @@ func (e *cliEnv) forkAt(t *testing.T, stage string, args ...string) *failingFork
 			}
 		}
 	}()
-	go func() { f.done <- f.cmd.Wait(); pw.Close() }()
+	go func() {
+		err := f.cmd.Wait()
+		pw.Close()
+		<-scanned // every line of stderr is in f.stderr before done
+		f.done <- err
+	}()
 	select {
 	case <-reached:
 		return f

@@ -258,10 +258,18 @@ func (s *Store) sealing() bool {
 // not empty, and immutable when this store can seal files. Each problem is
 // an error wrapping errdefs.ErrDataLoss that names the file; bad names are
 // ErrInvalidArgument. It reads no file data.
+//
+// It holds the family lock: a concurrent LinkView clears a file's flag for
+// the moment of its link.
 func (s *Store) Verify(family string, files []string) error {
 	if err := checkFamily(family); err != nil {
 		return err
 	}
+	unlock, err := s.lockFamily(family)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	dir := filepath.Join(s.root, family)
 	var errs []error
 	bad := func(f, what string) {

@@ -108,7 +108,7 @@ func TestGroupByShimGroup(t *testing.T) {
 		if err := writeSpec(dir, s); err != nil {
 			t.Fatal(err)
 		}
-		if err := groupByShimGroup(dir); err != nil {
+		if _, err := groupByShimGroup(dir); err != nil {
 			t.Fatal(err)
 		}
 		got, err := readSpec(dir)
