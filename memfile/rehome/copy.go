@@ -1,0 +1,137 @@
+package rehome
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/containerd/errdefs"
+)
+
+// pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
+const (
+	pmPresent = 1 << 63
+	pmSwapped = 1 << 62
+	pmGuard   = 1 << 58 // a guard region installed with MADV_GUARD_INSTALL
+)
+
+// copyChunk bounds the bytes read from the target at once.
+const copyChunk = 4 << 20
+
+// CopyPages copies the pages each VMA holds (present or swapped, per
+// /proc/pid/pagemap) into f at the VMA's slot offset plus the page's offset
+// in the VMA, and extends f to cover every slot. Pages never touched stay
+// holes, and so do pages that hold only zeros: a hole reads zeros through a
+// private mapping too. It returns the bytes written. The process must be
+// stopped (Seize, SIGSTOP or a frozen cgroup) and stay stopped until Remap:
+// a page written in between would be lost.
+func CopyPages(pid int, vmas []VMA, f *os.File) (int64, error) {
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return 0, fmt.Errorf("rehome: process %d: pagemap: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	defer pm.Close()
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		return 0, fmt.Errorf("rehome: process %d: mem: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	defer mem.Close()
+
+	var size int64
+	for _, v := range vmas {
+		if v.Start%pageSize != 0 || v.End%pageSize != 0 || v.End <= v.Start || v.Slot < 0 || int64(v.Len()) > SlotSize {
+			return 0, fmt.Errorf("rehome: process %d: VMA %v (slot %d) is not a valid conversion: %w", pid, v, v.Slot, errdefs.ErrInvalidArgument)
+		}
+		size = max(size, v.Offset()+SlotSize)
+	}
+	if st, err := f.Stat(); err != nil {
+		return 0, fmt.Errorf("rehome: memory file %s: %w", f.Name(), err)
+	} else if st.Size() < size {
+		if err := f.Truncate(size); err != nil {
+			return 0, fmt.Errorf("rehome: memory file %s: extend to %d bytes: %w", f.Name(), size, err)
+		}
+	}
+
+	c := copier{pid: pid, pm: pm, mem: mem, f: f, buf: make([]byte, copyChunk), pmbuf: make([]byte, copyChunk/pageSize*8)}
+	for _, v := range vmas {
+		if err := c.vma(v); err != nil {
+			return c.written, err
+		}
+	}
+	return c.written, nil
+}
+
+type copier struct {
+	pid     int
+	pm, mem *os.File
+	f       *os.File
+	buf     []byte
+	pmbuf   []byte
+	written int64
+}
+
+var zeroPage [pageSize]byte
+
+func (c *copier) vma(v VMA) error {
+	for addr := v.Start; addr < v.End; {
+		n := min((v.End-addr)/pageSize, uint64(len(c.pmbuf)/8))
+		pmb := c.pmbuf[:n*8]
+		if _, err := c.pm.ReadAt(pmb, int64(addr/pageSize*8)); err != nil {
+			return fmt.Errorf("rehome: process %d: pagemap of %v: %w", c.pid, v, err)
+		}
+		// Runs of held pages within this chunk.
+		for i := uint64(0); i < n; {
+			e := binary.LittleEndian.Uint64(pmb[i*8:])
+			if e&pmGuard != 0 {
+				return fmt.Errorf("rehome: process %d: VMA %v has guard pages (MADV_GUARD_INSTALL), which a file mapping would lose: %w",
+					c.pid, v, errdefs.ErrNotImplemented)
+			}
+			if e&(pmPresent|pmSwapped) == 0 {
+				i++
+				continue
+			}
+			j := i + 1
+			for j < n {
+				e := binary.LittleEndian.Uint64(pmb[j*8:])
+				if e&(pmPresent|pmSwapped) == 0 || e&pmGuard != 0 {
+					break
+				}
+				j++
+			}
+			if err := c.run(v, addr+i*pageSize, j-i); err != nil {
+				return err
+			}
+			i = j
+		}
+		addr += n * pageSize
+	}
+	return nil
+}
+
+// run copies n held pages at addr, skipping zero pages.
+func (c *copier) run(v VMA, addr, n uint64) error {
+	b := c.buf[:n*pageSize]
+	if _, err := c.mem.ReadAt(b, int64(addr)); err != nil {
+		return fmt.Errorf("rehome: process %d: read %d pages at %#x of %v: %w", c.pid, n, addr, v, err)
+	}
+	base := v.Offset() + int64(addr-v.Start)
+	for i := uint64(0); i < n; {
+		if bytes.Equal(b[i*pageSize:(i+1)*pageSize], zeroPage[:]) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < n && !bytes.Equal(b[j*pageSize:(j+1)*pageSize], zeroPage[:]) {
+			j++
+		}
+		w, err := c.f.WriteAt(b[i*pageSize:j*pageSize], base+int64(i*pageSize))
+		c.written += int64(w)
+		if err != nil {
+			return fmt.Errorf("rehome: memory file %s: write %v: %w", c.f.Name(), v, err)
+		}
+		i = j
+	}
+	return nil
+}

@@ -1,0 +1,633 @@
+//go:build linux && amd64
+
+package rehome
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+func supported() error { return nil }
+
+// proc is one seized process.
+type proc struct {
+	pid     int
+	tids    []int // seized threads
+	inj     int   // the thread system calls are injected into
+	saved   unix.PtraceRegs
+	mask    uint64 // inj's blocked signals before injection
+	sysAddr uint64 // address of a `syscall` instruction in the vDSO
+	stopSig int    // the process was group-stopped by this signal
+	mem     *os.File
+
+	injected bool // inj has run an injected call: its registers need restoring
+	dead     bool // the process died under us
+}
+
+const (
+	ptraceGetSigmask = 0x420a
+	ptraceSetSigmask = 0x420b
+	eventShift       = 16
+)
+
+func ptraceRaw(req, pid int, addr, data uintptr) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), addr, data, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func wait(tid int) (unix.WaitStatus, error) {
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(tid, &ws, unix.WALL, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		return ws, err
+	}
+}
+
+func isStopSig(s unix.Signal) bool {
+	return s == unix.SIGSTOP || s == unix.SIGTSTP || s == unix.SIGTTIN || s == unix.SIGTTOU
+}
+
+func seccompMode(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Seccomp:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
+func (t *Tracee) seize(pids []int) (err error) {
+	defer func() {
+		if err != nil {
+			t.abort()
+		}
+	}()
+	for _, pid := range pids {
+		if t.procs[pid] != nil {
+			continue
+		}
+		p := &proc{pid: pid}
+		t.procs[pid] = p
+		t.order = append(t.order, pid)
+		opts := unix.PTRACE_O_TRACESYSGOOD
+		if seccompMode(pid) != 0 {
+			// Injected calls must not meet the process's own filters.
+			opts |= unix.PTRACE_O_SUSPEND_SECCOMP
+		}
+		seized := map[int]bool{}
+		// Re-list until no new thread appears: a thread not yet
+		// interrupted may start another.
+		for {
+			tids, err := listTasks(pid)
+			if err != nil {
+				return err
+			}
+			fresh := false
+			for _, tid := range tids {
+				if seized[tid] {
+					continue
+				}
+				if err := ptraceRaw(unix.PTRACE_SEIZE, tid, 0, uintptr(opts)); err != nil {
+					if err == unix.ESRCH {
+						continue // exited meanwhile
+					}
+					return fmt.Errorf("rehome: process %d: seize thread %d: %w", pid, tid, errors.Join(err, errdefs.ErrFailedPrecondition))
+				}
+				seized[tid] = true
+				p.tids = append(p.tids, tid)
+				fresh = true
+				if err := unix.PtraceInterrupt(tid); err != nil && err != unix.ESRCH {
+					return fmt.Errorf("rehome: process %d: interrupt thread %d: %w", pid, tid, err)
+				}
+			}
+			if !fresh {
+				break
+			}
+		}
+	}
+	if t.cgroup != "" {
+		if err := setFreezer(t.cgroup, false); err != nil {
+			return err
+		}
+	}
+	for _, pid := range t.order {
+		p := t.procs[pid]
+		var live []int
+		for _, tid := range p.tids {
+			ok, err := p.waitSeized(tid)
+			if err != nil {
+				return err
+			}
+			if ok {
+				live = append(live, tid)
+			}
+		}
+		p.tids = live
+		if err := p.prepare(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitSeized waits for a freshly seized thread's interrupt stop. It reports
+// false if the thread exited.
+func (p *proc) waitSeized(tid int) (bool, error) {
+	for {
+		ws, err := wait(tid)
+		if err != nil {
+			return false, fmt.Errorf("rehome: process %d: wait for thread %d: %w", p.pid, tid, err)
+		}
+		if ws.Exited() || ws.Signaled() {
+			return false, nil
+		}
+		if !ws.Stopped() {
+			continue
+		}
+		sig := ws.StopSignal()
+		if int(ws)>>eventShift == unix.PTRACE_EVENT_STOP {
+			if sig == unix.SIGTRAP {
+				return true, nil // the interrupt stop
+			}
+			if isStopSig(sig) {
+				// A group stop: run it on into the pending interrupt.
+				p.stopSig = int(sig)
+				if err := unix.PtraceCont(tid, 0); err != nil {
+					return false, fmt.Errorf("rehome: process %d: thread %d: %w", p.pid, tid, err)
+				}
+				continue
+			}
+			return true, nil
+		}
+		// A signal-delivery stop: a stop signal is kept for Detach,
+		// any other is delivered (its handler frame is set up before
+		// the pending interrupt stops the thread).
+		deliver := int(sig)
+		if isStopSig(sig) {
+			p.stopSig, deliver = int(sig), 0
+		}
+		if err := unix.PtraceCont(tid, deliver); err != nil {
+			return false, fmt.Errorf("rehome: process %d: thread %d: %w", p.pid, tid, err)
+		}
+	}
+}
+
+// prepare picks the thread to inject into, saves its state and finds a
+// syscall instruction.
+func (p *proc) prepare() error {
+	if len(p.tids) == 0 {
+		p.dead = true
+		return fmt.Errorf("rehome: process %d exited: %w", p.pid, errdefs.ErrNotFound)
+	}
+	p.inj = p.tids[0]
+	for _, tid := range p.tids {
+		if tid == p.pid {
+			p.inj = tid
+		}
+	}
+	if err := unix.PtraceGetRegs(p.inj, &p.saved); err != nil {
+		return fmt.Errorf("rehome: process %d: thread %d: get registers: %w", p.pid, p.inj, err)
+	}
+	if p.saved.Cs != 0x33 {
+		return fmt.Errorf("rehome: process %d runs in 32-bit mode (cs %#x): %w", p.pid, p.saved.Cs, errdefs.ErrNotImplemented)
+	}
+	if err := ptraceRaw(ptraceGetSigmask, p.inj, 8, uintptr(unsafe.Pointer(&p.mask))); err != nil {
+		return fmt.Errorf("rehome: process %d: thread %d: get signal mask: %w", p.pid, p.inj, err)
+	}
+	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", p.pid), os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("rehome: process %d: %w", p.pid, err)
+	}
+	p.mem = mem
+	addr, err := p.findSyscall()
+	if err != nil {
+		return err
+	}
+	p.sysAddr = addr
+	return nil
+}
+
+// findSyscall returns the address of the bytes 0f 05 (syscall) in the
+// process's vDSO, or before the saved rip if the thread sits in a syscall.
+func (p *proc) findSyscall() (uint64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", p.pid))
+	if err != nil {
+		return 0, fmt.Errorf("rehome: process %d: %w", p.pid, err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasSuffix(l, "[vdso]") {
+			continue
+		}
+		lo, hi, _ := strings.Cut(strings.Fields(l)[0], "-")
+		s, _ := strconv.ParseUint(lo, 16, 64)
+		e, _ := strconv.ParseUint(hi, 16, 64)
+		if e <= s || e-s > 1<<20 {
+			break
+		}
+		b := make([]byte, e-s)
+		if _, err := p.mem.ReadAt(b, int64(s)); err != nil {
+			break
+		}
+		if i := bytes.Index(b, []byte{0x0f, 0x05}); i >= 0 {
+			return s + uint64(i), nil
+		}
+	}
+	var b [2]byte
+	if int64(p.saved.Orig_rax) >= 0 && p.saved.Rip >= 2 {
+		if _, err := p.mem.ReadAt(b[:], int64(p.saved.Rip-2)); err == nil && b == [2]byte{0x0f, 0x05} {
+			return p.saved.Rip - 2, nil
+		}
+	}
+	return 0, fmt.Errorf("rehome: process %d: no syscall instruction in its vDSO: %w", p.pid, errdefs.ErrNotImplemented)
+}
+
+// syscall runs one system call in p's injection thread and returns its raw
+// result (-errno on failure). An error means the injection itself failed.
+func (p *proc) syscall(nr uintptr, args ...uint64) (int64, error) {
+	if p.dead {
+		return 0, fmt.Errorf("rehome: process %d is gone: %w", p.pid, errdefs.ErrNotFound)
+	}
+	var a [6]uint64
+	copy(a[:], args)
+	regs := p.saved
+	regs.Rip = p.sysAddr
+	regs.Rax = uint64(nr)
+	// orig_rax -1: the kernel's restart logic leaves the injected call
+	// alone when it returns from the stop.
+	regs.Orig_rax = ^uint64(0)
+	regs.Rdi, regs.Rsi, regs.Rdx, regs.R10, regs.R8, regs.R9 = a[0], a[1], a[2], a[3], a[4], a[5]
+	if !p.injected {
+		// Block every signal while injecting: a signal taken at the
+		// injected rip would run its handler there. Pending signals
+		// stay pending until the mask is put back.
+		all := ^uint64(0)
+		if err := ptraceRaw(ptraceSetSigmask, p.inj, 8, uintptr(unsafe.Pointer(&all))); err != nil {
+			return 0, fmt.Errorf("rehome: process %d: thread %d: block signals: %w", p.pid, p.inj, err)
+		}
+		p.injected = true
+	}
+	if err := unix.PtraceSetRegs(p.inj, &regs); err != nil {
+		return 0, fmt.Errorf("rehome: process %d: thread %d: set registers: %w", p.pid, p.inj, err)
+	}
+	// Two syscall stops: entry, then exit.
+	for range 2 {
+		if err := p.resumeToSyscallStop(); err != nil {
+			return 0, err
+		}
+	}
+	var out unix.PtraceRegs
+	if err := unix.PtraceGetRegs(p.inj, &out); err != nil {
+		return 0, fmt.Errorf("rehome: process %d: thread %d: get registers: %w", p.pid, p.inj, err)
+	}
+	return int64(out.Rax), nil
+}
+
+func (p *proc) resumeToSyscallStop() error {
+	for {
+		if err := unix.PtraceSyscall(p.inj, 0); err != nil {
+			return fmt.Errorf("rehome: process %d: thread %d: resume: %w", p.pid, p.inj, err)
+		}
+		ws, err := wait(p.inj)
+		if err != nil {
+			return fmt.Errorf("rehome: process %d: thread %d: wait: %w", p.pid, p.inj, err)
+		}
+		switch {
+		case ws.Exited() || ws.Signaled():
+			p.dead = true
+			return fmt.Errorf("rehome: process %d: thread %d died during injection (%v): %w", p.pid, p.inj, ws, errdefs.ErrAborted)
+		case !ws.Stopped():
+			continue
+		case ws.StopSignal() == unix.SIGTRAP|0x80:
+			return nil
+		case int(ws)>>eventShift == unix.PTRACE_EVENT_STOP:
+			// A group stop (SIGSTOP cannot be blocked): carry on, and
+			// stop the process again on Detach.
+			if isStopSig(ws.StopSignal()) {
+				p.stopSig = int(ws.StopSignal())
+			}
+			continue
+		default:
+			// A synchronous signal the mask cannot hold off.
+			return fmt.Errorf("rehome: process %d: thread %d: signal %v during injection: %w", p.pid, p.inj, ws.StopSignal(), errdefs.ErrAborted)
+		}
+	}
+}
+
+// restore puts back the injection thread's registers (orig_rax included)
+// and signal mask. PTRACE_DETACH then wakes the thread with TIF_SIGPENDING
+// set, so it passes through signal handling on its way out, where the
+// kernel's restart logic sees the saved orig_rax and rax and restarts an
+// interrupted call (rip -= 2, or restart_syscall for a restart block), the
+// same path the threads that were only interrupted take.
+func (p *proc) restore() error {
+	if !p.injected || p.dead {
+		return nil
+	}
+	if err := unix.PtraceSetRegs(p.inj, &p.saved); err != nil {
+		return fmt.Errorf("rehome: process %d: thread %d: restore registers: %w", p.pid, p.inj, err)
+	}
+	if err := ptraceRaw(ptraceSetSigmask, p.inj, 8, uintptr(unsafe.Pointer(&p.mask))); err != nil {
+		return fmt.Errorf("rehome: process %d: thread %d: restore signal mask: %w", p.pid, p.inj, err)
+	}
+	p.injected = false
+	return nil
+}
+
+func (t *Tracee) detach() error {
+	var errs []error
+	for _, pid := range t.order {
+		if err := t.procs[pid].restore(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if t.cgroup != "" {
+		if err := setFreezer(t.cgroup, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	clean := true
+	for _, pid := range t.order {
+		p := t.procs[pid]
+		if p.stopSig != 0 && !p.dead {
+			// Stopped before: stopped after (as CRIU's compel does).
+			unix.Kill(pid, unix.Signal(p.stopSig))
+		}
+		for _, tid := range p.tids {
+			if err := ptraceRaw(unix.PTRACE_DETACH, tid, 0, 0); err != nil && err != unix.ESRCH {
+				errs = append(errs, fmt.Errorf("rehome: process %d: detach thread %d: %w", pid, tid, err))
+				clean = false
+			}
+		}
+		if p.mem != nil {
+			p.mem.Close()
+		}
+	}
+	t.clean = clean
+	return errors.Join(errs...)
+}
+
+// abort undoes a partial seize.
+func (t *Tracee) abort() {
+	for _, pid := range t.order {
+		p := t.procs[pid]
+		for _, tid := range p.tids {
+			ptraceRaw(unix.PTRACE_DETACH, tid, 0, 0)
+		}
+		if p.mem != nil {
+			p.mem.Close()
+		}
+	}
+	if t.cgroup != "" {
+		setFreezer(t.cgroup, true)
+	}
+}
+
+// errno turns a raw syscall result into an error.
+func errno(r int64) error {
+	if r < 0 && r > -4096 {
+		return unix.Errno(-r)
+	}
+	return nil
+}
+
+func (t *Tracee) proc(pid int) (*proc, error) {
+	p := t.procs[pid]
+	if p == nil {
+		return nil, fmt.Errorf("rehome: process %d is not seized: %w", pid, errdefs.ErrInvalidArgument)
+	}
+	return p, nil
+}
+
+// Remap replaces each VMA of process pid with a MAP_PRIVATE|MAP_FIXED
+// mapping of path at the VMA's slot offset, by system calls injected into
+// the stopped process: openat(path), one mmap per VMA, close. path is the
+// memory file as the process sees it (its mount namespace and root), and
+// must hold the VMAs' bytes (CopyPages) taken while the process was
+// stopped. It returns the VMAs now mapping the file. A VMA whose mmap fails
+// stays as it was (the kernel replaces a mapping only once the new one is
+// set up) and its failure is in the returned error; the others are
+// converted all the same.
+//
+// The path is written into the process for openat: over the start of the
+// first readable VMA to convert, whose bytes are already in the file (the
+// mmap brings them back), and written back if that VMA's mmap fails.
+func (t *Tracee) Remap(pid int, path string, vmas []VMA) ([]VMA, error) {
+	var done []VMA
+	err := t.do(func() error {
+		var err error
+		done, err = t.remap(pid, path, vmas)
+		return err
+	})
+	return done, err
+}
+
+func (t *Tracee) remap(pid int, path string, vmas []VMA) ([]VMA, error) {
+	p, err := t.proc(pid)
+	if err != nil {
+		return nil, err
+	}
+	if len(vmas) == 0 {
+		return nil, nil
+	}
+	if len(path)+1 > pageSize || strings.IndexByte(path, 0) >= 0 {
+		return nil, fmt.Errorf("rehome: memory file path %q is not a valid path: %w", path, errdefs.ErrInvalidArgument)
+	}
+	if err := checkVMAs(pid, vmas); err != nil {
+		return nil, err
+	}
+	holder := -1
+	for i, v := range vmas {
+		if v.Prot&unix.PROT_READ != 0 {
+			holder = i
+			break
+		}
+	}
+	if holder < 0 {
+		return nil, fmt.Errorf("rehome: process %d: no readable VMA to hold the path: %w", pid, errdefs.ErrNotImplemented)
+	}
+	at := vmas[holder].Start
+	orig := make([]byte, len(path)+1)
+	if _, err := p.mem.ReadAt(orig, int64(at)); err != nil {
+		return nil, fmt.Errorf("rehome: process %d: read %#x: %w", pid, at, err)
+	}
+	putBack := func() error {
+		if _, err := p.mem.WriteAt(orig, int64(at)); err != nil {
+			return fmt.Errorf("rehome: process %d: put back the %d bytes at %#x the path overwrote: %w", pid, len(orig), at, errors.Join(err, errdefs.ErrDataLoss))
+		}
+		return nil
+	}
+	if _, err := p.mem.WriteAt(append([]byte(path), 0), int64(at)); err != nil {
+		return nil, errors.Join(fmt.Errorf("rehome: process %d: write the path at %#x: %w", pid, at, err), putBack())
+	}
+	const atFDCWD = ^uint64(99) // -100
+	fd, err := p.syscall(unix.SYS_OPENAT, atFDCWD, at, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		err = errno(fd)
+		if err != nil {
+			err = fmt.Errorf("rehome: process %d: open %s: %w", pid, path, errors.Join(err, errdefs.ErrNotFound))
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(err, putBack())
+	}
+	var done []VMA
+	var errs []error
+	holderDone := false
+	for i, v := range vmas {
+		r, err := p.syscall(unix.SYS_MMAP, v.Start, v.Len(), uint64(v.Prot),
+			uint64(unix.MAP_PRIVATE|unix.MAP_FIXED|v.Flags), uint64(fd), uint64(v.Offset()))
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if e := errno(r); e != nil || uint64(r) != v.Start {
+			errs = append(errs, fmt.Errorf("rehome: process %d: map %s over %v at offset %#x: %v (the VMA is unchanged)", pid, path, v, v.Offset(), cmpErr(e, r)))
+			continue
+		}
+		done = append(done, v)
+		if i == holder {
+			holderDone = true
+		}
+	}
+	if r, err := p.syscall(unix.SYS_CLOSE, uint64(fd)); err != nil {
+		errs = append(errs, err)
+	} else if e := errno(r); e != nil {
+		errs = append(errs, fmt.Errorf("rehome: process %d: close fd %d: %w", pid, fd, e))
+	}
+	if !holderDone {
+		errs = append(errs, putBack())
+	}
+	return done, errors.Join(errs...)
+}
+
+func cmpErr(e error, r int64) error {
+	if e != nil {
+		return e
+	}
+	return fmt.Errorf("mapped at %#x instead", uint64(r))
+}
+
+// checkVMAs verifies that each VMA is still exactly a mapping of the process
+// with the planned protection.
+func checkVMAs(pid int, vmas []VMA) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	cur := map[[2]uint64]VMA{}
+	for l := range bytes.SplitSeq(b, []byte("\n")) {
+		if v, good, ok := parseHeader(l); ok && good {
+			cur[[2]uint64{v.Start, v.End}] = v
+		}
+	}
+	for _, v := range vmas {
+		c, ok := cur[[2]uint64{v.Start, v.End}]
+		if !ok || c.Prot != v.Prot {
+			return fmt.Errorf("rehome: process %d: VMA %v changed since it was planned (was the process running?): %w", pid, v, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return nil
+}
+
+// InstallFilter loads the classic BPF seccomp filter prog into process pid
+// on all its threads (SECCOMP_FILTER_FLAG_TSYNC), by injection. The program
+// is copied into a scratch mapping made and removed by injection. The
+// kernel requires CAP_SYS_ADMIN or no_new_privs of the calling thread; a
+// process without the capability is given no_new_privs
+// (PR_SET_NO_NEW_PRIVS; TSYNC passes it to the other threads) and is listed
+// in t.NoNewPrivs.
+func (t *Tracee) InstallFilter(pid int, prog []unix.SockFilter) error {
+	return t.do(func() error { return t.installFilter(pid, prog) })
+}
+
+func (t *Tracee) installFilter(pid int, prog []unix.SockFilter) (err error) {
+	p, err := t.proc(pid)
+	if err != nil {
+		return err
+	}
+	if len(prog) == 0 || len(prog) > 4096 {
+		return fmt.Errorf("rehome: seccomp program of %d instructions: %w", len(prog), errdefs.ErrInvalidArgument)
+	}
+	// struct sock_fprog { u16 len; (pad); struct sock_filter *filter; }
+	// then the instructions.
+	buf := make([]byte, 16+8*len(prog))
+	size := uint64(len(buf)+pageSize-1) / pageSize * pageSize
+	addr, err := p.syscall(unix.SYS_MMAP, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uint64(0), 0)
+	if err != nil {
+		return err
+	}
+	if e := errno(addr); e != nil {
+		return fmt.Errorf("rehome: process %d: scratch mapping for the filter: %w", pid, e)
+	}
+	defer func() {
+		r, e := p.syscall(unix.SYS_MUNMAP, uint64(addr), size)
+		if e == nil {
+			e = errno(r)
+		}
+		if e != nil {
+			err = errors.Join(err, fmt.Errorf("rehome: process %d: remove scratch mapping %#x: %w", pid, addr, e))
+		}
+	}()
+	binary.LittleEndian.PutUint16(buf[0:], uint16(len(prog)))
+	binary.LittleEndian.PutUint64(buf[8:], uint64(addr)+16)
+	for i, in := range prog {
+		o := 16 + 8*i
+		binary.LittleEndian.PutUint16(buf[o:], in.Code)
+		buf[o+2], buf[o+3] = in.Jt, in.Jf
+		binary.LittleEndian.PutUint32(buf[o+4:], in.K)
+	}
+	if _, err := p.mem.WriteAt(buf, addr); err != nil {
+		return fmt.Errorf("rehome: process %d: write the filter: %w", pid, err)
+	}
+	install := func() (int64, error) {
+		return p.syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uint64(addr))
+	}
+	r, err := install()
+	if err != nil {
+		return err
+	}
+	if errno(r) == unix.EACCES {
+		pr, err := p.syscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+		if err != nil {
+			return err
+		}
+		if e := errno(pr); e != nil {
+			return fmt.Errorf("rehome: process %d: prctl(PR_SET_NO_NEW_PRIVS): %w", pid, e)
+		}
+		t.NoNewPrivs = append(t.NoNewPrivs, pid)
+		if r, err = install(); err != nil {
+			return err
+		}
+	}
+	if e := errno(r); e != nil {
+		return fmt.Errorf("rehome: process %d: seccomp(SET_MODE_FILTER, TSYNC): %w", pid, e)
+	}
+	if r > 0 {
+		return fmt.Errorf("rehome: process %d: seccomp TSYNC: thread %d has filters of its own: %w", pid, r, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
