@@ -28,8 +28,8 @@
 // PTRACE_INTERRUPTs it; a process held by a frozen cgroup (v1 freezer or v2)
 // is seized frozen and the cgroup thawed so the threads enter their stops
 // (as CRIU's compel does), and frozen again by Detach before it lets go. A
-// process stopped by SIGSTOP is run on into the interrupt stop and stopped
-// again on Detach. One thread per process (the main thread if alive)
+// process stopped by SIGSTOP reports its group stop as a ptrace stop, which
+// serves as well; Detach sends the stop signal again, as compel does. One thread per process (the main thread if alive)
 // executes the injected calls: its registers and signal mask are saved,
 // every signal is blocked while injecting, and each call sets rip to a
 // `syscall` instruction found in the process's vDSO, rax and the argument

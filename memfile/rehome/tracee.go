@@ -74,6 +74,9 @@ func (t *Tracee) Pids() []int { return append([]int(nil), t.order...) }
 // before letting go. Every process of a frozen cgroup must be in pids, or
 // the others run while the cgroup is thawed. A process stopped by a signal
 // (SIGSTOP) is stopped again on Detach.
+//
+// The processes must not be children waited for by another thread of the
+// caller: a concurrent wait4 on them would take the ptrace stops.
 func Seize(frozenCgroup string, pids ...int) (*Tracee, error) {
 	if len(pids) == 0 {
 		return nil, fmt.Errorf("rehome: no process to seize: %w", errdefs.ErrInvalidArgument)

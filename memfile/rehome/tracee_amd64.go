@@ -171,12 +171,11 @@ func (p *proc) waitSeized(tid int) (bool, error) {
 				return true, nil // the interrupt stop
 			}
 			if isStopSig(sig) {
-				// A group stop: run it on into the pending interrupt.
+				// The process was stopped by a signal: the thread
+				// reports its group stop as a ptrace stop, which
+				// serves as well (injected calls run it past the
+				// stop; Detach stops the process again).
 				p.stopSig = int(sig)
-				if err := unix.PtraceCont(tid, 0); err != nil {
-					return false, fmt.Errorf("rehome: process %d: thread %d: %w", p.pid, tid, err)
-				}
-				continue
 			}
 			return true, nil
 		}
