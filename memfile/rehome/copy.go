@@ -6,8 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
@@ -54,13 +59,61 @@ func CopyPages(pid int, vmas []VMA, f *os.File) (int64, error) {
 		}
 	}
 
-	c := copier{pid: pid, pm: pm, mem: mem, f: f, buf: make([]byte, copyChunk), pmbuf: make([]byte, copyChunk/pageSize*8)}
+	// Windows of copyChunk bytes, copied by a few workers in parallel:
+	// the copy is bound by the per-page cost of reading the target and of
+	// allocating and filling tmpfs pages, which spreads over cores.
+	type job struct {
+		v          VMA
+		start, end uint64
+	}
+	var jobs []job
 	for _, v := range vmas {
-		if err := c.vma(v); err != nil {
-			return c.written, err
+		for a := v.Start; a < v.End; a += copyChunk {
+			jobs = append(jobs, job{v, a, min(a+copyChunk, v.End)})
 		}
 	}
-	return c.written, nil
+	workers := min(runtime.GOMAXPROCS(0), 4, len(jobs))
+	if w, err := strconv.Atoi(os.Getenv("REHOME_WORKERS")); err == nil {
+		workers = min(w, len(jobs))
+	}
+	var (
+		next    atomic.Int64
+		written atomic.Int64
+		mu      sync.Mutex
+		first   error
+		wg      sync.WaitGroup
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := copier{pid: pid, pm: pm, mem: mem, f: f, buf: make([]byte, copyChunk), pmbuf: make([]byte, copyChunk/pageSize*8)}
+			defer func() { written.Add(c.written) }()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(jobs) {
+					return
+				}
+				mu.Lock()
+				failed := first != nil
+				mu.Unlock()
+				if failed {
+					return
+				}
+				j := jobs[i]
+				if err := c.window(j.v, j.start, j.end); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return written.Load(), first
 }
 
 type copier struct {
@@ -74,9 +127,10 @@ type copier struct {
 
 var zeroPage [pageSize]byte
 
-func (c *copier) vma(v VMA) error {
-	for addr := v.Start; addr < v.End; {
-		n := min((v.End-addr)/pageSize, uint64(len(c.pmbuf)/8))
+// window copies the held pages of v in [start, end).
+func (c *copier) window(v VMA, start, end uint64) error {
+	for addr := start; addr < end; {
+		n := min((end-addr)/pageSize, uint64(len(c.pmbuf)/8))
 		pmb := c.pmbuf[:n*8]
 		if _, err := c.pm.ReadAt(pmb, int64(addr/pageSize*8)); err != nil {
 			return fmt.Errorf("rehome: process %d: pagemap of %v: %w", c.pid, v, err)
@@ -113,8 +167,15 @@ func (c *copier) vma(v VMA) error {
 // run copies n held pages at addr, skipping zero pages.
 func (c *copier) run(v VMA, addr, n uint64) error {
 	b := c.buf[:n*pageSize]
-	if _, err := c.mem.ReadAt(b, int64(addr)); err != nil {
-		return fmt.Errorf("rehome: process %d: read %d pages at %#x of %v: %w", c.pid, n, addr, v, err)
+	// process_vm_readv pins pages in batches; it stops at memory the
+	// process cannot read (PROT_NONE), which /proc/pid/mem reads.
+	got, _ := unix.ProcessVMReadv(c.pid, []unix.Iovec{{Base: &b[0], Len: uint64(len(b))}},
+		[]unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}, 0)
+	got = max(got, 0) / pageSize * pageSize
+	if got < len(b) {
+		if _, err := c.mem.ReadAt(b[got:], int64(addr)+int64(got)); err != nil {
+			return fmt.Errorf("rehome: process %d: read %d pages at %#x of %v: %w", c.pid, n, addr, v, err)
+		}
 	}
 	base := v.Offset() + int64(addr-v.Start)
 	for i := uint64(0); i < n; {

@@ -132,13 +132,19 @@ func (p *prog) cmdLine(c string) string {
 // verify asks the program to check its memory and returns its tick counters.
 func (p *prog) verify() (ticks, t1, t2 uint64) {
 	p.t.Helper()
+	ticks, t1, t2, errs := p.verifyErrs()
+	if errs != 0 {
+		p.t.Fatalf("heapprog %d: %d blocking calls failed instead of restarting", p.pid, errs)
+	}
+	return
+}
+
+// verifyErrs is verify that returns the count of failed blocking calls.
+func (p *prog) verifyErrs() (ticks, t1, t2, errs uint64) {
+	p.t.Helper()
 	l := p.cmdLine("verify")
-	var errs uint64
 	if _, err := fmt.Sscanf(l, "ok ticks=%d t1=%d t2=%d errs=%d", &ticks, &t1, &t2, &errs); err != nil {
 		p.t.Fatalf("heapprog %d: verify: %q", p.pid, l)
-	}
-	if errs != 0 {
-		p.t.Fatalf("heapprog %d: %d blocking calls failed instead of restarting: %q", p.pid, errs, l)
 	}
 	return
 }
