@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -73,9 +72,6 @@ func CopyPages(pid int, vmas []VMA, f *os.File) (int64, error) {
 		}
 	}
 	workers := min(runtime.GOMAXPROCS(0), 4, len(jobs))
-	if w, err := strconv.Atoi(os.Getenv("REHOME_WORKERS")); err == nil {
-		workers = min(w, len(jobs))
-	}
 	var (
 		next    atomic.Int64
 		written atomic.Int64

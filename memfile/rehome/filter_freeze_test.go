@@ -174,3 +174,70 @@ func waitState(t *testing.T, pid int, want string) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// Two processes of one frozen cgroup move in one stop onto one file, each
+// VMA in its own slot.
+func TestRemapTwoProcessesOneFile(t *testing.T) {
+	a := startProg(t, 32)
+	b := startProg(t, 16)
+	dir := tmpfs(t)
+	cg := freezerCgroup(t, a.pid)
+	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(fmt.Sprint(b.pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.WriteFile("/sys/fs/cgroup/freezer/cgroup.procs", []byte(fmt.Sprint(b.pid)), 0)
+	})
+	ta, a1, a2 := a.verify()
+	tb, b1, b2 := b.verify()
+	a.idle()
+	b.idle()
+	if err := setFreezer(cg, true); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := Seize(cg, a.pid, b.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "mem")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	slot := 0
+	var n int
+	for _, p := range []*prog{a, b} {
+		vmas, err := Plan(p.pid)
+		if err == nil {
+			for i := range vmas {
+				vmas[i].Slot += slot
+			}
+			slot += len(vmas)
+			_, err = CopyPages(p.pid, vmas, f)
+		}
+		if err == nil {
+			var done []VMA
+			done, err = tr.Remap(p.pid, path, vmas)
+			n += len(done)
+		}
+		if err != nil {
+			tr.Detach()
+			t.Fatalf("process %d: %v", p.pid, err)
+		}
+	}
+	if err := tr.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d VMAs of 2 processes in %d slots of one file", n, slot)
+	if err := setFreezer(cg, false); err != nil {
+		t.Fatal(err)
+	}
+	waitTicks(t, a, ta, a1, a2)
+	waitTicks(t, b, tb, b1, b2)
+	for _, p := range []*prog{a, b} {
+		if hdr, _ := smapsEntry(t, p.pid, p.heap[0]); !strings.HasSuffix(hdr, path) {
+			t.Errorf("process %d: heap is not a mapping of %s: %s", p.pid, path, hdr)
+		}
+	}
+}
