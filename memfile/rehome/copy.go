@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -19,6 +20,7 @@ const (
 	pmPresent = 1 << 63
 	pmSwapped = 1 << 62
 	pmGuard   = 1 << 58 // a guard region installed with MADV_GUARD_INSTALL
+	pmPFN     = 1<<55 - 1
 )
 
 // copyChunk bounds the bytes read from the target at once.
@@ -43,19 +45,8 @@ func CopyPages(pid int, vmas []VMA, f *os.File) (int64, error) {
 	}
 	defer mem.Close()
 
-	var size int64
-	for _, v := range vmas {
-		if v.Start%pageSize != 0 || v.End%pageSize != 0 || v.End <= v.Start || v.Slot < 0 || int64(v.Len()) > SlotSize {
-			return 0, fmt.Errorf("rehome: process %d: VMA %v (slot %d) is not a valid conversion: %w", pid, v, v.Slot, errdefs.ErrInvalidArgument)
-		}
-		size = max(size, v.Offset()+SlotSize)
-	}
-	if st, err := f.Stat(); err != nil {
-		return 0, fmt.Errorf("rehome: memory file %s: %w", f.Name(), err)
-	} else if st.Size() < size {
-		if err := f.Truncate(size); err != nil {
-			return 0, fmt.Errorf("rehome: memory file %s: extend to %d bytes: %w", f.Name(), size, err)
-		}
+	if err := extend(pid, vmas, f); err != nil {
+		return 0, err
 	}
 
 	// Windows of copyChunk bytes, copied by a few workers in parallel:
@@ -112,6 +103,94 @@ func CopyPages(pid int, vmas []VMA, f *os.File) (int64, error) {
 	return written.Load(), first
 }
 
+// extend checks the VMAs and makes f cover all their slots.
+func extend(pid int, vmas []VMA, f *os.File) error {
+	var size int64
+	for _, v := range vmas {
+		if v.Start%pageSize != 0 || v.End%pageSize != 0 || v.End <= v.Start || v.Slot < 0 || int64(v.Len()) > SlotSize {
+			return fmt.Errorf("rehome: process %d: VMA %v (slot %d) is not a valid conversion: %w", pid, v, v.Slot, errdefs.ErrInvalidArgument)
+		}
+		size = max(size, v.Offset()+SlotSize)
+	}
+	if st, err := f.Stat(); err != nil {
+		return fmt.Errorf("rehome: memory file %s: %w", f.Name(), err)
+	} else if st.Size() < size {
+		if err := f.Truncate(size); err != nil {
+			return fmt.Errorf("rehome: memory file %s: extend to %d bytes: %w", f.Name(), size, err)
+		}
+	}
+	return nil
+}
+
+// zeroPFN returns the page frame of the kernel's shared zero page (what a
+// page only ever read maps), or 0 if pagemap hides frame numbers.
+var zeroPFN = sync.OnceValue(func() uint64 {
+	m, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return 0
+	}
+	defer unix.Munmap(m)
+	if m[0] != 0 { // the read maps the zero page
+		return 0
+	}
+	pm, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		return 0
+	}
+	defer pm.Close()
+	var b [8]byte
+	addr := uint64(uintptr(unsafe.Pointer(&m[0])))
+	if _, err := pm.ReadAt(b[:], int64(addr/pageSize*8)); err != nil {
+		return 0
+	}
+	e := binary.LittleEndian.Uint64(b[:])
+	if e&pmPresent == 0 {
+		return 0
+	}
+	return e & pmPFN
+})
+
+// heldRuns calls fn for each run of pages of v in [start, end) that hold
+// data: present (other than the zero page) or swapped.
+func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn func(addr, n uint64) error) error {
+	zero := zeroPFN()
+	held := func(e uint64) bool {
+		return e&pmSwapped != 0 || (e&pmPresent != 0 && (zero == 0 || e&pmPFN != zero))
+	}
+	for addr := start; addr < end; {
+		n := min((end-addr)/pageSize, uint64(len(pmbuf)/8))
+		pmb := pmbuf[:n*8]
+		if _, err := pm.ReadAt(pmb, int64(addr/pageSize*8)); err != nil {
+			return fmt.Errorf("rehome: process %d: pagemap of %v: %w", pid, v, err)
+		}
+		for i := uint64(0); i < n; {
+			e := binary.LittleEndian.Uint64(pmb[i*8:])
+			if e&pmGuard != 0 {
+				return fmt.Errorf("rehome: process %d: VMA %v has guard pages (MADV_GUARD_INSTALL), which a file mapping would lose: %w",
+					pid, v, errdefs.ErrNotImplemented)
+			}
+			if !held(e) {
+				i++
+				continue
+			}
+			j := i + 1
+			for j < n {
+				e := binary.LittleEndian.Uint64(pmb[j*8:])
+				if !held(e) || e&pmGuard != 0 {
+					break
+				}
+				j++
+			}
+			if err := fn(addr+i*pageSize, j-i); err != nil {
+				return err
+			}
+			i = j
+		}
+		addr += n * pageSize
+	}
+	return nil
+}
+
 type copier struct {
 	pid     int
 	pm, mem *os.File
@@ -125,43 +204,20 @@ var zeroPage [pageSize]byte
 
 // window copies the held pages of v in [start, end).
 func (c *copier) window(v VMA, start, end uint64) error {
-	for addr := start; addr < end; {
-		n := min((end-addr)/pageSize, uint64(len(c.pmbuf)/8))
-		pmb := c.pmbuf[:n*8]
-		if _, err := c.pm.ReadAt(pmb, int64(addr/pageSize*8)); err != nil {
-			return fmt.Errorf("rehome: process %d: pagemap of %v: %w", c.pid, v, err)
-		}
-		// Runs of held pages within this chunk.
-		for i := uint64(0); i < n; {
-			e := binary.LittleEndian.Uint64(pmb[i*8:])
-			if e&pmGuard != 0 {
-				return fmt.Errorf("rehome: process %d: VMA %v has guard pages (MADV_GUARD_INSTALL), which a file mapping would lose: %w",
-					c.pid, v, errdefs.ErrNotImplemented)
-			}
-			if e&(pmPresent|pmSwapped) == 0 {
-				i++
-				continue
-			}
-			j := i + 1
-			for j < n {
-				e := binary.LittleEndian.Uint64(pmb[j*8:])
-				if e&(pmPresent|pmSwapped) == 0 || e&pmGuard != 0 {
-					break
-				}
-				j++
-			}
-			if err := c.run(v, addr+i*pageSize, j-i); err != nil {
-				return err
-			}
-			i = j
-		}
-		addr += n * pageSize
-	}
-	return nil
+	return heldRuns(c.pid, c.pm, c.pmbuf, v, start, end, func(addr, n uint64) error {
+		return c.run(v, addr, n)
+	})
 }
 
 // run copies n held pages at addr, skipping zero pages.
 func (c *copier) run(v VMA, addr, n uint64) error {
+	for n > uint64(len(c.buf)/pageSize) {
+		k := uint64(len(c.buf) / pageSize)
+		if err := c.run(v, addr, k); err != nil {
+			return err
+		}
+		addr, n = addr+k*pageSize, n-k
+	}
 	b := c.buf[:n*pageSize]
 	// process_vm_readv pins pages in batches; it stops at memory the
 	// process cannot read (PROT_NONE), which /proc/pid/mem reads.

@@ -6,21 +6,28 @@
 //
 // No restore is involved. While the process is stopped:
 //
-//	tr, _ := rehome.Seize(frozenCgroup, pid) // ptrace-stop every thread
-//	vmas, _ := rehome.Plan(pid)              // which VMAs, which slots
-//	n, _ := rehome.CopyPages(pid, vmas, f)   // their pages into the file, once
-//	done, err := tr.Remap(pid, path, vmas)   // injected openat+mmap+close
-//	tr.InstallFilter(pid, prog)              // optional: the madvise guard
-//	tr.Detach()                              // registers back, let go
+//	tr, _ := rehome.Seize(frozenCgroup, pid)   // ptrace-stop every thread
+//	vmas, _ := rehome.Plan(pid)                // which VMAs, which slots
+//	st, _ := tr.CopyPages(pid, path, vmas)     // the process pwrites its pages into the file
+//	done, err := tr.Remap(pid, path, vmas)     // injected openat+mmap+close
+//	tr.InstallFilter(pid, prog)                // optional: the madvise guard
+//	tr.Detach()                                // registers back, let go
+//
+// Tracee.CopyPages has the process write its own pages into the file with
+// injected pwrite calls (one per run of held pages): the bytes are copied
+// once, straight from its memory into the page cache, and the file's pages
+// are charged to its own memory cgroup. The package-level CopyPages does
+// the same from the caller (process_vm_readv + pwrite, in parallel), for a
+// process that may not open the file for writing; Tracee.CopyPages falls
+// back to it by itself.
 //
 // Plan selects private anonymous VMAs (no file, [heap], [anon:name]) that
 // hold pages and are not a stack, locked, wipe-on-fork, hugetlb, shared,
 // userfaultfd-registered, don't-fork, sealed or special (see skipFlags). As
 // in the CRIU-image rewrite (memfile), VMA i owns slot i of the file, at
 // offset i<<40: mremap growth reads zeros and no two VMAs map adjacent file
-// offsets. CopyPages copies only pages present or swapped in
-// /proc/pid/pagemap, and leaves zero pages as holes; it reads /proc/pid/mem
-// (which also reads PROT_NONE memory) and writes with pwrite.
+// offsets. Only pages present (other than the shared zero page) or
+// swapped in /proc/pid/pagemap are copied: the rest stay holes.
 //
 // Injection (linux/amd64 only; elsewhere the Tracee methods return
 // errdefs.ErrNotImplemented): all ptrace calls of a Tracee run on one

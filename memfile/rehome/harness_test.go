@@ -250,8 +250,10 @@ func vmaAt(t testing.TB, vmas []VMA, addr uint64) VMA {
 	return VMA{}
 }
 
-// rehome runs the whole move on p into dir/name and returns the plan.
-func rehome(t testing.TB, p *prog, cgroup, path string) ([]VMA, []VMA) {
+// rehome runs the whole move on p into path and returns the plan and the
+// VMAs moved. The pages are copied by the process itself (Tracee.CopyPages)
+// unless byTracer.
+func rehome(t testing.TB, p *prog, cgroup, path string, byTracer ...bool) ([]VMA, []VMA) {
 	t.Helper()
 	if cgroup == "" {
 		p.idle()
@@ -271,7 +273,17 @@ func rehome(t testing.TB, p *prog, cgroup, path string) ([]VMA, []VMA) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := CopyPages(p.pid, vmas, f); err != nil {
+	if len(byTracer) > 0 && byTracer[0] {
+		_, err = CopyPages(p.pid, vmas, f)
+	} else {
+		var st CopyStats
+		st, err = tr.CopyPages(p.pid, path, vmas)
+		t.Logf("copied by the process: %+v", st)
+		if err == nil && (st.ByTracer != 0 || st.Calls == 0) {
+			t.Errorf("the process did not copy its pages itself: %+v", st)
+		}
+	}
+	if err != nil {
 		tr.Detach()
 		t.Fatalf("CopyPages: %v", err)
 	}

@@ -5,99 +5,124 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
-
-	"github.com/lazyfork/lazyfork/internal/testutil"
 )
 
 // TestMeasure reports (no assertions) the pause of a move of 64 MiB and
-// 1 GiB heaps, next to `criu dump --leave-running` of the same process,
-// both onto a tmpfs. Run with LAZYFORK_REHOME_MEASURE=1.
+// 1 GiB heaps, copied by the process itself and by the tracer, next to
+// `criu dump --leave-running` of the same program, all onto a tmpfs, as
+// medians of a few rounds; and the size of the CRIU dump of a moved process
+// after it wrote a page. Run with LAZYFORK_REHOME_MEASURE=1.
 func TestMeasure(t *testing.T) {
 	if os.Getenv("LAZYFORK_REHOME_MEASURE") != "1" {
 		t.Skip("set LAZYFORK_REHOME_MEASURE=1 to measure")
 	}
+	criu, _ := exec.LookPath("criu")
+	const rounds = 5
 	for _, mib := range []int{64, 1024} {
 		t.Run(fmt.Sprintf("%dMiB", mib), func(t *testing.T) {
-			dir := tmpfs(t)
-			p := startProg(t, mib)
-			p.verify()
-			p.idle()
-			t0 := time.Now()
-			tr, err := Seize("", p.pid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t1 := time.Now()
-			vmas, err := Plan(p.pid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t2 := time.Now()
-			path := filepath.Join(dir, "mem")
-			f, err := os.Create(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			n, err := CopyPages(p.pid, vmas, f)
-			f.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t3 := time.Now()
-			if _, err := tr.Remap(p.pid, path, vmas); err != nil {
-				t.Fatal(err)
-			}
-			t4 := time.Now()
-			if err := tr.Detach(); err != nil {
-				t.Fatal(err)
-			}
-			t5 := time.Now()
-			p.verify()
-			if criu, err := exec.LookPath("criu"); err == nil {
-				// The next snapshot of the moved process: its heap is a
-				// file mapping, CRIU dumps only pages written since.
-				img := filepath.Join(dir, "img-after")
-				os.Mkdir(img, 0o755)
-				p.cmdLine("mark")
-				p.idle()
-				s := time.Now()
-				out, err := exec.Command(criu, "dump", "-t", fmt.Sprint(p.pid), "-D", img, "--leave-running", "--shell-job", "-o", "dump.log").CombinedOutput()
-				if err != nil {
-					log, _ := os.ReadFile(filepath.Join(img, "dump.log"))
-					t.Logf("criu dump of the moved process failed: %v: %s\n%s", err, out, tail(log, 2000))
-				} else {
-					t.Logf("criu dump of the moved process after it wrote a page: %v, image %d kB", time.Since(s).Round(time.Microsecond), duKB(img))
-				}
-				os.RemoveAll(img)
-			}
-			t.Logf("rehome %d MiB: pause %v (seize %v, plan %v, copy %v for %d MB, remap %v for %d VMAs, detach %v)",
-				mib, t5.Sub(t0).Round(time.Microsecond), t1.Sub(t0).Round(time.Microsecond), t2.Sub(t1).Round(time.Microsecond),
-				t3.Sub(t2).Round(time.Microsecond), n>>20, t4.Sub(t3).Round(time.Microsecond), len(vmas), t5.Sub(t4).Round(time.Microsecond))
-
-			if !testutil.InCI() {
-				if criu, err := exec.LookPath("criu"); err == nil {
-					q := startProg(t, mib)
-					q.verify()
-					q.idle()
-					img := filepath.Join(dir, "img")
-					os.Mkdir(img, 0o755)
-					s := time.Now()
-					out, err := exec.Command(criu, "dump", "-t", fmt.Sprint(q.pid), "-D", img, "--leave-running", "--shell-job", "-o", "dump.log").CombinedOutput()
-					d := time.Since(s)
-					if err != nil {
-						log, _ := os.ReadFile(filepath.Join(img, "dump.log"))
-						t.Logf("criu dump failed: %v: %s\n%s", err, out, tail(log, 2000))
-						return
+			res := map[string][]time.Duration{}
+			for i := range rounds {
+				for _, mode := range []string{"process", "tracer", "criu"} {
+					if mode == "criu" && criu == "" {
+						continue
 					}
-					_, _, _, errs := q.verifyErrs()
-					t.Logf("criu dump --leave-running %d MiB: %v wall, tmpfs %d MB (the rehome file is %d MB); %d blocking calls of the program failed with EINTR after it",
-						mib, d.Round(time.Microsecond), tmpfsUsed(t, dir)>>20-uint64(n>>20), n>>20, errs)
+					pause, copyT := measureOnce(t, mib, mode, criu, i == 0)
+					res[mode+" pause"] = append(res[mode+" pause"], pause)
+					if mode != "criu" {
+						res[mode+" copy"] = append(res[mode+" copy"], copyT)
+					}
+				}
+			}
+			for _, k := range []string{"process pause", "process copy", "tracer pause", "tracer copy", "criu pause"} {
+				if d := res[k]; len(d) > 0 {
+					slices.Sort(d)
+					t.Logf("%d MiB %-14s median %v (min %v, max %v, %d rounds)", mib, k, d[len(d)/2].Round(time.Millisecond),
+						d[0].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond), len(d))
 				}
 			}
 		})
 	}
+}
+
+// measureOnce moves (or, for mode "criu", dumps) a fresh program and returns
+// the pause and the copy time.
+func measureOnce(t *testing.T, mib int, mode, criu string, detail bool) (pause, copyT time.Duration) {
+	dir := tmpfs(t)
+	p := startProg(t, mib)
+	defer func() {
+		p.cmd.Process.Kill()
+		p.cmd.Wait()
+	}()
+	p.verify()
+	p.idle()
+	if mode == "criu" {
+		img := filepath.Join(dir, "img")
+		os.Mkdir(img, 0o755)
+		s := time.Now()
+		out, err := exec.Command(criu, "dump", "-t", fmt.Sprint(p.pid), "-D", img, "--leave-running", "--shell-job", "-o", "dump.log").CombinedOutput()
+		pause = time.Since(s)
+		if err != nil {
+			log, _ := os.ReadFile(filepath.Join(img, "dump.log"))
+			t.Fatalf("criu dump: %v: %s\n%s", err, out, tail(log, 2000))
+		}
+		if _, _, _, errs := p.verifyErrs(); detail {
+			t.Logf("after criu dump, %d blocking calls of the program failed with EINTR", errs)
+		}
+		return pause, 0
+	}
+	path := filepath.Join(dir, "mem")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	t0 := time.Now()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmas, err := Plan(p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t1 := time.Now()
+	if mode == "tracer" {
+		_, err = CopyPages(p.pid, vmas, f)
+	} else {
+		_, err = tr.CopyPages(p.pid, path, vmas)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t2 := time.Now()
+	if _, err := tr.Remap(p.pid, path, vmas); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	pause, copyT = time.Since(t0), t2.Sub(t1)
+	p.verify()
+	if detail && mode == "process" && criu != "" {
+		// The next snapshot of the moved process: its heap is a file
+		// mapping, CRIU dumps only the pages written since.
+		img := filepath.Join(dir, "img-after")
+		os.Mkdir(img, 0o755)
+		p.cmdLine("mark")
+		p.idle()
+		s := time.Now()
+		out, err := exec.Command(criu, "dump", "-t", fmt.Sprint(p.pid), "-D", img, "--leave-running", "--shell-job", "-o", "dump.log").CombinedOutput()
+		if err != nil {
+			log, _ := os.ReadFile(filepath.Join(img, "dump.log"))
+			t.Logf("criu dump of the moved process failed: %v: %s\n%s", err, out, tail(log, 2000))
+		} else {
+			t.Logf("criu dump of the moved process after it wrote a page: %v, image %d kB", time.Since(s).Round(time.Millisecond), duKB(img))
+		}
+	}
+	return pause, copyT
 }
 
 func duKB(dir string) int64 {

@@ -28,13 +28,18 @@ func waitTicks(t *testing.T, p *prog, ticks, t1, t2 uint64) {
 }
 
 func TestRemapRunsOnMemoryFile(t *testing.T) {
+	t.Run("copied-by-process", func(t *testing.T) { testRemapRunsOnMemoryFile(t, false) })
+	t.Run("copied-by-tracer", func(t *testing.T) { testRemapRunsOnMemoryFile(t, true) })
+}
+
+func testRemapRunsOnMemoryFile(t *testing.T, byTracer bool) {
 	p := startProg(t, 64)
 	dir := tmpfs(t)
 	path := filepath.Join(dir, "mem")
 	ticks, t1, t2 := p.verify()
 	anonBefore := statusKB(t, p.pid, "RssAnon")
 
-	vmas, done := rehome(t, p, "", path)
+	vmas, done := rehome(t, p, "", path, byTracer)
 	if len(done) != len(vmas) {
 		t.Fatalf("converted %d of %d VMAs", len(done), len(vmas))
 	}

@@ -118,3 +118,10 @@ func listTasks(pid int) ([]int, error) {
 	sort.Ints(tids)
 	return tids, nil
 }
+
+// CopyStats describes a Tracee.CopyPages.
+type CopyStats struct {
+	Bytes    int64 // bytes written into the file
+	Calls    int   // pwrite calls the process made
+	ByTracer int64 // bytes the tracer copied instead (see CopyPages)
+}

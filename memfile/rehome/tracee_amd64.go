@@ -452,51 +452,16 @@ func (t *Tracee) remap(pid int, path string, vmas []VMA) ([]VMA, error) {
 	if len(vmas) == 0 {
 		return nil, nil
 	}
-	if len(path)+1 > pageSize || strings.IndexByte(path, 0) >= 0 {
-		return nil, fmt.Errorf("rehome: memory file path %q is not a valid path: %w", path, errdefs.ErrInvalidArgument)
-	}
 	if err := checkVMAs(pid, vmas); err != nil {
 		return nil, err
 	}
-	holder := -1
-	for i, v := range vmas {
-		if v.Prot&unix.PROT_READ != 0 {
-			holder = i
-			break
-		}
-	}
-	if holder < 0 {
-		return nil, fmt.Errorf("rehome: process %d: no readable VMA to hold the path: %w", pid, errdefs.ErrNotImplemented)
-	}
-	at := vmas[holder].Start
-	orig := make([]byte, len(path)+1)
-	if _, err := p.mem.ReadAt(orig, int64(at)); err != nil {
-		return nil, fmt.Errorf("rehome: process %d: read %#x: %w", pid, at, err)
-	}
-	putBack := func() error {
-		if _, err := p.mem.WriteAt(orig, int64(at)); err != nil {
-			return fmt.Errorf("rehome: process %d: put back the %d bytes at %#x the path overwrote: %w", pid, len(orig), at, errors.Join(err, errdefs.ErrDataLoss))
-		}
-		return nil
-	}
-	if _, err := p.mem.WriteAt(append([]byte(path), 0), int64(at)); err != nil {
-		return nil, errors.Join(fmt.Errorf("rehome: process %d: write the path at %#x: %w", pid, at, err), putBack())
-	}
-	const atFDCWD = ^uint64(99) // -100
-	fd, err := p.syscall(unix.SYS_OPENAT, atFDCWD, at, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err == nil {
-		err = errno(fd)
-		if err != nil {
-			err = fmt.Errorf("rehome: process %d: open %s: %w", pid, path, errors.Join(err, errdefs.ErrNotFound))
-		}
-	}
+	fd, err := p.open(path, unix.O_RDONLY|unix.O_CLOEXEC, vmas)
 	if err != nil {
-		return nil, errors.Join(err, putBack())
+		return nil, err
 	}
 	var done []VMA
 	var errs []error
-	holderDone := false
-	for i, v := range vmas {
+	for _, v := range vmas {
 		r, err := p.syscall(unix.SYS_MMAP, v.Start, v.Len(), uint64(v.Prot),
 			uint64(unix.MAP_PRIVATE|unix.MAP_FIXED|v.Flags), uint64(fd), uint64(v.Offset()))
 		if err != nil {
@@ -508,19 +473,163 @@ func (t *Tracee) remap(pid int, path string, vmas []VMA) ([]VMA, error) {
 			continue
 		}
 		done = append(done, v)
-		if i == holder {
-			holderDone = true
+	}
+	errs = append(errs, p.close(fd))
+	return done, errors.Join(errs...)
+}
+
+// open opens path in the process by injection and returns the descriptor.
+// The path is written over the start of the first readable VMA of vmas and
+// its bytes are put back as soon as the call returns.
+func (p *proc) open(path string, flags int, vmas []VMA) (int64, error) {
+	if len(path)+1 > pageSize || strings.IndexByte(path, 0) >= 0 {
+		return 0, fmt.Errorf("rehome: memory file path %q is not a valid path: %w", path, errdefs.ErrInvalidArgument)
+	}
+	holder := -1
+	for i, v := range vmas {
+		if v.Prot&unix.PROT_READ != 0 {
+			holder = i
+			break
 		}
 	}
-	if r, err := p.syscall(unix.SYS_CLOSE, uint64(fd)); err != nil {
-		errs = append(errs, err)
-	} else if e := errno(r); e != nil {
-		errs = append(errs, fmt.Errorf("rehome: process %d: close fd %d: %w", pid, fd, e))
+	if holder < 0 {
+		return 0, fmt.Errorf("rehome: process %d: no readable VMA to hold the path: %w", p.pid, errdefs.ErrNotImplemented)
 	}
-	if !holderDone {
-		errs = append(errs, putBack())
+	at := vmas[holder].Start
+	orig := make([]byte, len(path)+1)
+	if _, err := p.mem.ReadAt(orig, int64(at)); err != nil {
+		return 0, fmt.Errorf("rehome: process %d: read %#x: %w", p.pid, at, err)
 	}
-	return done, errors.Join(errs...)
+	putBack := func() error {
+		if _, err := p.mem.WriteAt(orig, int64(at)); err != nil {
+			return fmt.Errorf("rehome: process %d: put back the %d bytes at %#x the path overwrote: %w", p.pid, len(orig), at, errors.Join(err, errdefs.ErrDataLoss))
+		}
+		return nil
+	}
+	if _, err := p.mem.WriteAt(append([]byte(path), 0), int64(at)); err != nil {
+		return 0, errors.Join(fmt.Errorf("rehome: process %d: write the path at %#x: %w", p.pid, at, err), putBack())
+	}
+	const atFDCWD = ^uint64(99) // -100
+	fd, err := p.syscall(unix.SYS_OPENAT, atFDCWD, at, uint64(flags), 0)
+	if err == nil {
+		if e := errno(fd); e != nil {
+			err = fmt.Errorf("rehome: process %d: open %s: %w", p.pid, path, errors.Join(e, errdefs.ErrNotFound))
+		}
+	}
+	if perr := putBack(); perr != nil {
+		if err == nil && fd >= 0 {
+			p.syscall(unix.SYS_CLOSE, uint64(fd))
+		}
+		return 0, errors.Join(err, perr)
+	}
+	return fd, err
+}
+
+func (p *proc) close(fd int64) error {
+	r, err := p.syscall(unix.SYS_CLOSE, uint64(fd))
+	if err != nil {
+		return err
+	}
+	if e := errno(r); e != nil {
+		return fmt.Errorf("rehome: process %d: close fd %d: %w", p.pid, fd, e)
+	}
+	return nil
+}
+
+// CopyPages is the package's CopyPages done by the process itself: it opens
+// path (as it sees it) for writing and pwrites each run of pages it holds
+// (present, other than the zero page, or swapped) from its own memory into
+// the file at the VMA's slot offset. The pages are copied once, and the
+// file's pages are charged to the process's own memory cgroup, not to the
+// caller's. The file is extended through /proc/pid/root. Runs the process
+// cannot pwrite (PROT_NONE memory), or all of them if it may not open the
+// file for writing, are copied by the tracer (package CopyPages); Stats
+// says how many bytes. Unlike the package's CopyPages, pages of zeros that
+// are not the zero page are written.
+func (t *Tracee) CopyPages(pid int, path string, vmas []VMA) (CopyStats, error) {
+	var st CopyStats
+	err := t.do(func() error {
+		var err error
+		st, err = t.copyPages(pid, path, vmas)
+		return err
+	})
+	return st, err
+}
+
+// maxWrite bounds one injected pwrite (the kernel caps a write at 2 GiB).
+const maxWrite = 1 << 30
+
+func (t *Tracee) copyPages(pid int, path string, vmas []VMA) (CopyStats, error) {
+	var st CopyStats
+	p, err := t.proc(pid)
+	if err != nil || len(vmas) == 0 {
+		return st, err
+	}
+	if !strings.HasPrefix(path, "/") {
+		return st, fmt.Errorf("rehome: memory file path %q is not absolute: %w", path, errdefs.ErrInvalidArgument)
+	}
+	host, err := os.OpenFile(fmt.Sprintf("/proc/%d/root%s", pid, path), os.O_RDWR, 0)
+	if err != nil {
+		return st, fmt.Errorf("rehome: process %d: memory file %s: %w", pid, path, err)
+	}
+	defer host.Close()
+	if err := extend(pid, vmas, host); err != nil {
+		return st, err
+	}
+	if err := checkVMAs(pid, vmas); err != nil {
+		return st, err
+	}
+	fd, err := p.open(path, unix.O_WRONLY|unix.O_CLOEXEC, vmas)
+	if err != nil {
+		var en unix.Errno
+		if !errors.As(err, &en) && !errdefs.IsNotImplemented(err) {
+			return st, err // the injection failed
+		}
+		// The process may not write the file: the tracer copies.
+		n, cerr := CopyPages(pid, vmas, host)
+		st.Bytes, st.ByTracer = n, n
+		return st, cerr
+	}
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return st, errors.Join(fmt.Errorf("rehome: process %d: pagemap: %w", pid, err), p.close(fd))
+	}
+	defer pm.Close()
+	c := copier{pid: pid, pm: pm, mem: p.mem, f: host, buf: make([]byte, copyChunk)}
+	pmbuf := make([]byte, copyChunk/pageSize*8)
+	var errs []error
+	for _, v := range vmas {
+		err := heldRuns(pid, pm, pmbuf, v, v.Start, v.End, func(addr, n uint64) error {
+			for n > 0 {
+				k := min(n, maxWrite/pageSize)
+				off := v.Offset() + int64(addr-v.Start)
+				r, err := p.syscall(unix.SYS_PWRITE64, uint64(fd), addr, k*pageSize, uint64(off))
+				if err != nil {
+					return err
+				}
+				st.Calls++
+				w := max(r, 0) / pageSize * pageSize
+				st.Bytes += w
+				if rest := k - uint64(w)/pageSize; rest > 0 {
+					// EFAULT or a short write: the tracer copies the rest.
+					before := c.written
+					if err := c.run(v, addr+uint64(w), rest); err != nil {
+						return err
+					}
+					st.Bytes += c.written - before
+					st.ByTracer += c.written - before
+				}
+				addr, n = addr+k*pageSize, n-k
+			}
+			return nil
+		})
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	errs = append(errs, p.close(fd))
+	return st, errors.Join(errs...)
 }
 
 func cmpErr(e error, r int64) error {

@@ -24,3 +24,8 @@ func (t *Tracee) Remap(pid int, path string, vmas []VMA) ([]VMA, error) { return
 
 // InstallFilter is not implemented on this architecture.
 func (t *Tracee) InstallFilter(pid int, prog []unix.SockFilter) error { return supported() }
+
+// CopyPages is not implemented on this architecture.
+func (t *Tracee) CopyPages(pid int, path string, vmas []VMA) (CopyStats, error) {
+	return CopyStats{}, supported()
+}
