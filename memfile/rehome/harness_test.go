@@ -56,10 +56,17 @@ type prog struct {
 	spare [2]uint64
 }
 
-func startProg(t testing.TB, mib int) *prog {
+func startProg(t testing.TB, mib int) *prog { return startProgIn(t, mib, "") }
+
+// startProgIn starts heapprog inside the cgroup v1 directory cg (if not
+// ""), so that all its memory is charged there.
+func startProgIn(t testing.TB, mib int, cg string) *prog {
 	t.Helper()
 	bin := heapProg(t)
 	cmd := exec.Command(bin, strconv.Itoa(mib))
+	if cg != "" {
+		cmd = exec.Command("/bin/sh", "-c", `echo $$ > "$1/cgroup.procs" && exec "$2" "$3"`, "sh", cg, bin, strconv.Itoa(mib))
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
