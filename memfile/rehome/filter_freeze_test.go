@@ -11,6 +11,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
+	"golang.org/x/sys/unix"
 )
 
 func TestInstallFilterGuardsMadvise(t *testing.T) {
@@ -240,4 +241,39 @@ func TestRemapTwoProcessesOneFile(t *testing.T) {
 			t.Errorf("process %d: heap is not a mapping of %s: %s", p.pid, path, hdr)
 		}
 	}
+}
+
+// A process whose own seccomp filter forbids openat and mmap still moves:
+// the injected calls bypass its filters (PTRACE_O_SUSPEND_SECCOMP).
+func TestRemapUnderSeccompFilter(t *testing.T) {
+	p := startProg(t, 16)
+	dir := tmpfs(t)
+	deny := func(nr uint32) []unix.SockFilter {
+		return []unix.SockFilter{
+			{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: nr},
+			{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)},
+		}
+	}
+	prog := []unix.SockFilter{{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0}} // seccomp_data.nr
+	prog = append(prog, deny(unix.SYS_OPENAT)...)
+	prog = append(prog, deny(unix.SYS_MMAP)...)
+	prog = append(prog, deny(unix.SYS_PWRITE64)...)
+	prog = append(prog, unix.SockFilter{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW})
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = tr.InstallFilter(p.pid, prog)
+	if derr := tr.Detach(); derr != nil {
+		t.Fatal(derr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks, t1, t2 := p.verify()
+	vmas, done := rehome(t, p, "", filepath.Join(dir, "mem"))
+	if len(done) != len(vmas) {
+		t.Fatalf("converted %d of %d VMAs", len(done), len(vmas))
+	}
+	waitTicks(t, p, ticks, t1, t2)
 }

@@ -303,3 +303,11 @@ func rehome(t testing.TB, p *prog, cgroup, path string, byTracer ...bool) ([]VMA
 	}
 	return vmas, done
 }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
