@@ -83,3 +83,67 @@ func TestCopyChargedToProcessCgroup(t *testing.T) {
 		})
 	}
 }
+
+func readUint(t *testing.T, path string) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return n
+}
+
+// A process whose memory limit leaves room for less than its heap twice
+// moves by Move in chunks, without reaching its limit, and each VMA ends up
+// one mapping of its slot.
+func TestMoveInChunksUnderMemoryLimit(t *testing.T) {
+	dir := tmpfs(t)
+	cg := memcgV1(t)
+	p := startProgIn(t, 64, cg)
+	t.Cleanup(func() { p.cmd.Process.Kill(); p.cmd.Wait() })
+	ticks, t1, t2 := p.verify()
+	usage := readUint(t, filepath.Join(cg, "memory.usage_in_bytes"))
+	limit := usage + 24<<20
+	if err := os.WriteFile(filepath.Join(cg, "memory.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "mem")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmas, err := Plan(p.pid)
+	if err != nil {
+		tr.Detach()
+		t.Fatal(err)
+	}
+	done, st, err := tr.Move(p.pid, path, vmas, 8<<20)
+	if derr := tr.Detach(); derr != nil {
+		t.Error(derr)
+	}
+	if err != nil || len(done) != len(vmas) {
+		t.Fatalf("Move: %d of %d VMAs: %v", len(done), len(vmas), err)
+	}
+	t.Logf("usage %d MB, limit %d MB, max usage during the move %d MB; %+v", usage>>20, limit>>20,
+		readUint(t, filepath.Join(cg, "memory.max_usage_in_bytes"))>>20, st)
+	if st.ByTracer != 0 {
+		t.Errorf("the tracer copied %d bytes: the process's own writes failed", st.ByTracer)
+	}
+	waitTicks(t, p, ticks, t1, t2)
+	hv := vmaAt(t, vmas, p.heap[0])
+	hdr, _ := smapsEntry(t, p.pid, p.heap[0])
+	if want := fmt.Sprintf("%x-%x ", hv.Start, hv.End); !strings.HasPrefix(hdr, want) || !strings.HasSuffix(hdr, path) {
+		t.Errorf("heap is not one mapping of %s over %s: %s", path, want, hdr)
+	}
+	if shmem := memStat(t, cg, "shmem"); shmem < 60<<20 {
+		t.Errorf("the file's pages are not charged to the process's cgroup: shmem %d MB", shmem>>20)
+	}
+}

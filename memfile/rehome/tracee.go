@@ -7,8 +7,10 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"sync"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // Tracee holds processes seized with ptrace: every thread of each is in a
@@ -21,7 +23,10 @@ type Tracee struct {
 	order  []int
 	calls  chan func()
 	done   chan struct{}
+	once   sync.Once
 	clean  bool // every tracee detached: the tracer thread may be reused
+
+	pending map[int]unix.WaitStatus // wait statuses not yet asked for, by thread
 
 	// NoNewPrivs lists the processes InstallFilter had to give
 	// no_new_privs (they lacked CAP_SYS_ADMIN).
@@ -58,7 +63,7 @@ func newTracee(cgroup string) *Tracee {
 }
 
 func (t *Tracee) stop() {
-	close(t.calls)
+	t.once.Do(func() { close(t.calls) })
 	<-t.done
 }
 

@@ -32,6 +32,8 @@ type proc struct {
 
 	injected bool // inj has run an injected call: its registers need restoring
 	dead     bool // the process died under us
+
+	pending map[int]unix.WaitStatus // statuses taken while waiting for another thread (shared by a Tracee's procs)
 }
 
 const (
@@ -48,14 +50,29 @@ func ptraceRaw(req, pid int, addr, data uintptr) error {
 	return nil
 }
 
-func wait(tid int) (unix.WaitStatus, error) {
-	var ws unix.WaitStatus
+// wait returns the next wait status of thread tid. It waits for any
+// tracee of the tracer thread (__WNOTHREAD: not the caller's other
+// children) and keeps the others' statuses for later: a leader's exit is
+// only reported once its other threads are reaped, so waiting for the
+// leader alone could hang if the process is killed meanwhile.
+func (p *proc) wait(tid int) (unix.WaitStatus, error) {
+	if ws, ok := p.pending[tid]; ok {
+		delete(p.pending, tid)
+		return ws, nil
+	}
 	for {
-		_, err := unix.Wait4(tid, &ws, unix.WALL, nil)
+		var ws unix.WaitStatus
+		wpid, err := unix.Wait4(-1, &ws, unix.WALL|unix.WNOTHREAD, nil)
 		if err == unix.EINTR {
 			continue
 		}
-		return ws, err
+		if err != nil {
+			return ws, err
+		}
+		if wpid == tid {
+			return ws, nil
+		}
+		p.pending[wpid] = ws
 	}
 }
 
@@ -87,7 +104,10 @@ func (t *Tracee) seize(pids []int) (err error) {
 		if t.procs[pid] != nil {
 			continue
 		}
-		p := &proc{pid: pid}
+		if t.pending == nil {
+			t.pending = map[int]unix.WaitStatus{}
+		}
+		p := &proc{pid: pid, pending: t.pending}
 		t.procs[pid] = p
 		t.order = append(t.order, pid)
 		opts := unix.PTRACE_O_TRACESYSGOOD
@@ -155,7 +175,7 @@ func (t *Tracee) seize(pids []int) (err error) {
 // false if the thread exited.
 func (p *proc) waitSeized(tid int) (bool, error) {
 	for {
-		ws, err := wait(tid)
+		ws, err := p.wait(tid)
 		if err != nil {
 			return false, fmt.Errorf("rehome: process %d: wait for thread %d: %w", p.pid, tid, err)
 		}
@@ -310,7 +330,7 @@ func (p *proc) resumeToSyscallStop() error {
 		if err := unix.PtraceSyscall(p.inj, 0); err != nil {
 			return fmt.Errorf("rehome: process %d: thread %d: resume: %w", p.pid, p.inj, err)
 		}
-		ws, err := wait(p.inj)
+		ws, err := p.wait(p.inj)
 		if err != nil {
 			return fmt.Errorf("rehome: process %d: thread %d: wait: %w", p.pid, p.inj, err)
 		}
@@ -600,28 +620,7 @@ func (t *Tracee) copyPages(pid int, path string, vmas []VMA) (CopyStats, error) 
 	var errs []error
 	for _, v := range vmas {
 		err := heldRuns(pid, pm, pmbuf, v, v.Start, v.End, func(addr, n uint64) error {
-			for n > 0 {
-				k := min(n, maxWrite/pageSize)
-				off := v.Offset() + int64(addr-v.Start)
-				r, err := p.syscall(unix.SYS_PWRITE64, uint64(fd), addr, k*pageSize, uint64(off))
-				if err != nil {
-					return err
-				}
-				st.Calls++
-				w := max(r, 0) / pageSize * pageSize
-				st.Bytes += w
-				if rest := k - uint64(w)/pageSize; rest > 0 {
-					// EFAULT or a short write: the tracer copies the rest.
-					before := c.written
-					if err := c.run(v, addr+uint64(w), rest); err != nil {
-						return err
-					}
-					st.Bytes += c.written - before
-					st.ByTracer += c.written - before
-				}
-				addr, n = addr+k*pageSize, n-k
-			}
-			return nil
+			return p.writeRun(fd, &c, v, addr, n, &st)
 		})
 		if err != nil {
 			errs = append(errs, err)
@@ -630,6 +629,141 @@ func (t *Tracee) copyPages(pid int, path string, vmas []VMA) (CopyStats, error) 
 	}
 	errs = append(errs, p.close(fd))
 	return st, errors.Join(errs...)
+}
+
+// writeRun has the process pwrite n held pages at addr of v into fd (at
+// their place in v's slot); what it cannot write, the tracer copies with c
+// (fd < 0: all of it).
+func (p *proc) writeRun(fd int64, c *copier, v VMA, addr, n uint64, st *CopyStats) error {
+	for n > 0 {
+		k := min(n, maxWrite/pageSize)
+		var w int64
+		if fd >= 0 {
+			off := v.Offset() + int64(addr-v.Start)
+			r, err := p.syscall(unix.SYS_PWRITE64, uint64(fd), addr, k*pageSize, uint64(off))
+			if err != nil {
+				return err
+			}
+			st.Calls++
+			w = max(r, 0) / pageSize * pageSize
+			st.Bytes += w
+		}
+		if rest := k - uint64(w)/pageSize; rest > 0 {
+			// EFAULT (PROT_NONE), a short write, or no descriptor.
+			before := c.written
+			if err := c.run(v, addr+uint64(w), rest); err != nil {
+				return err
+			}
+			st.Bytes += c.written - before
+			st.ByTracer += c.written - before
+		}
+		addr, n = addr+k*pageSize, n-k
+	}
+	return nil
+}
+
+// DefaultChunk is Move's default chunk size.
+const DefaultChunk = 64 << 20
+
+// Move is CopyPages and Remap together, chunk by chunk: for each VMA, up to
+// chunk bytes (0: DefaultChunk) are written into the file by the process
+// and mapped over at once before the next chunk, so the memory held twice
+// (anonymous and in the file) during the move is at most one chunk, not the
+// whole heap: a process near its memory limit can move. The chunks of a
+// VMA map consecutive offsets of its slot with the same flags, so the
+// kernel merges them back into one VMA. It returns the VMAs moved whole.
+// A VMA that fails part-way stays split: the chunks done map the file
+// (with the same bytes), the rest stays anonymous, and the error says so.
+// If the process may not open the file for writing, the tracer copies
+// (CopyStats.ByTracer), still chunk by chunk.
+func (t *Tracee) Move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
+	var done []VMA
+	var st CopyStats
+	err := t.do(func() error {
+		var err error
+		done, st, err = t.move(pid, path, vmas, chunk)
+		return err
+	})
+	return done, st, err
+}
+
+func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
+	var st CopyStats
+	p, err := t.proc(pid)
+	if err != nil || len(vmas) == 0 {
+		return nil, st, err
+	}
+	if chunk == 0 {
+		chunk = DefaultChunk
+	}
+	chunk = max(chunk/pageSize*pageSize, pageSize)
+	if !strings.HasPrefix(path, "/") {
+		return nil, st, fmt.Errorf("rehome: memory file path %q is not absolute: %w", path, errdefs.ErrInvalidArgument)
+	}
+	host, err := os.OpenFile(fmt.Sprintf("/proc/%d/root%s", pid, path), os.O_RDWR, 0)
+	if err != nil {
+		return nil, st, fmt.Errorf("rehome: process %d: memory file %s: %w", pid, path, err)
+	}
+	defer host.Close()
+	if err := extend(pid, vmas, host); err != nil {
+		return nil, st, err
+	}
+	if err := checkVMAs(pid, vmas); err != nil {
+		return nil, st, err
+	}
+	fd, err := p.open(path, unix.O_RDWR|unix.O_CLOEXEC, vmas)
+	writeFD := fd
+	if err != nil {
+		var en unix.Errno
+		if !errors.As(err, &en) && !errdefs.IsNotImplemented(err) {
+			return nil, st, err
+		}
+		// The process may not write the file: the tracer copies, the
+		// process only maps.
+		if fd, err = p.open(path, unix.O_RDONLY|unix.O_CLOEXEC, vmas); err != nil {
+			return nil, st, err
+		}
+		writeFD = -1
+	}
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return nil, st, errors.Join(fmt.Errorf("rehome: process %d: pagemap: %w", pid, err), p.close(fd))
+	}
+	defer pm.Close()
+	c := copier{pid: pid, pm: pm, mem: p.mem, f: host, buf: make([]byte, copyChunk)}
+	pmbuf := make([]byte, copyChunk/pageSize*8)
+	var done []VMA
+	var errs []error
+vmaLoop:
+	for _, v := range vmas {
+		for a := v.Start; a < v.End; a += chunk {
+			b := min(a+chunk, v.End)
+			err := heldRuns(pid, pm, pmbuf, v, a, b, func(addr, n uint64) error {
+				return p.writeRun(writeFD, &c, v, addr, n, &st)
+			})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rehome: process %d: %v moved up to %#x: %w", pid, v, a, err))
+				if p.dead {
+					break vmaLoop
+				}
+				continue vmaLoop
+			}
+			off := v.Offset() + int64(a-v.Start)
+			r, err := p.syscall(unix.SYS_MMAP, a, b-a, uint64(v.Prot), uint64(unix.MAP_PRIVATE|unix.MAP_FIXED|v.Flags), uint64(fd), uint64(off))
+			if err != nil {
+				errs = append(errs, err)
+				break vmaLoop
+			}
+			if e := errno(r); e != nil || uint64(r) != a {
+				errs = append(errs, fmt.Errorf("rehome: process %d: map %s over %#x-%#x of %v at offset %#x: %v (moved up to %#x, the rest is unchanged)",
+					pid, path, a, b, v, off, cmpErr(e, r), a))
+				continue vmaLoop
+			}
+		}
+		done = append(done, v)
+	}
+	errs = append(errs, p.close(fd))
+	return done, st, errors.Join(errs...)
 }
 
 func cmpErr(e error, r int64) error {

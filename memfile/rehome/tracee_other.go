@@ -29,3 +29,11 @@ func (t *Tracee) InstallFilter(pid int, prog []unix.SockFilter) error { return s
 func (t *Tracee) CopyPages(pid int, path string, vmas []VMA) (CopyStats, error) {
 	return CopyStats{}, supported()
 }
+
+// DefaultChunk is Move's default chunk size.
+const DefaultChunk = 64 << 20
+
+// Move is not implemented on this architecture.
+func (t *Tracee) Move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
+	return nil, CopyStats{}, supported()
+}
