@@ -6,12 +6,19 @@
 //
 // No restore is involved. While the process is stopped:
 //
-//	tr, _ := rehome.Seize(frozenCgroup, pid)   // ptrace-stop every thread
-//	vmas, _ := rehome.Plan(pid)                // which VMAs, which slots
-//	st, _ := tr.CopyPages(pid, path, vmas)     // the process pwrites its pages into the file
-//	done, err := tr.Remap(pid, path, vmas)     // injected openat+mmap+close
-//	tr.InstallFilter(pid, prog)                // optional: the madvise guard
-//	tr.Detach()                                // registers back, let go
+//	tr, _ := rehome.Seize(frozenCgroup, pid)       // ptrace-stop every thread
+//	vmas, _ := rehome.Plan(pid)                    // which VMAs, which slots
+//	done, st, err := tr.Move(pid, path, vmas, 0)   // copy + map, 64 MiB at a time
+//	tr.InstallFilter(pid, prog)                    // optional: the madvise guard
+//	tr.Detach()                                    // registers back, let go
+//
+// Move is Tracee.CopyPages (the process pwrites its pages into the file)
+// and Remap (injected openat+mmap+close) interleaved per chunk of each VMA.
+// Done in one piece, the process's memory cgroup holds the heap twice
+// (anonymous and in the file) before the mmap frees the anonymous copy: a
+// process with a limit below twice its heap is OOM-killed in the middle
+// (TestMoveInChunksUnderMemoryLimit shows it). In chunks, the excess is one
+// chunk, and the chunks of a VMA merge back into one mapping.
 //
 // Tracee.CopyPages has the process write its own pages into the file with
 // injected pwrite calls (one per run of held pages): the bytes are copied

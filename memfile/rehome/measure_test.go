@@ -8,10 +8,13 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestMeasure reports (no assertions) the pause of a move of 64 MiB and
-// 1 GiB heaps, copied by the process itself and by the tracer, next to
+// 1 GiB heaps, by Move (chunks of 64 MiB), by CopyPages (the process's own
+// and the tracer's) then Remap, next to
 // `criu dump --leave-running` of the same program, all onto a tmpfs, as
 // medians of a few rounds; and the size of the CRIU dump of a moved process
 // after it wrote a page. Run with LAZYFORK_REHOME_MEASURE=1.
@@ -25,18 +28,18 @@ func TestMeasure(t *testing.T) {
 		t.Run(fmt.Sprintf("%dMiB", mib), func(t *testing.T) {
 			res := map[string][]time.Duration{}
 			for i := range rounds {
-				for _, mode := range []string{"process", "tracer", "criu"} {
+				for _, mode := range []string{"move", "process", "tracer", "criu"} {
 					if mode == "criu" && criu == "" {
 						continue
 					}
 					pause, copyT := measureOnce(t, mib, mode, criu, i == 0)
 					res[mode+" pause"] = append(res[mode+" pause"], pause)
-					if mode != "criu" {
+					if mode != "criu" && mode != "move" {
 						res[mode+" copy"] = append(res[mode+" copy"], copyT)
 					}
 				}
 			}
-			for _, k := range []string{"process pause", "process copy", "tracer pause", "tracer copy", "criu pause"} {
+			for _, k := range []string{"move pause", "process pause", "process copy", "tracer pause", "tracer copy", "criu pause"} {
 				if d := res[k]; len(d) > 0 {
 					slices.Sort(d)
 					t.Logf("%d MiB %-14s median %v (min %v, max %v, %d rounds)", mib, k, d[len(d)/2].Round(time.Millisecond),
@@ -53,8 +56,10 @@ func measureOnce(t *testing.T, mib int, mode, criu string, detail bool) (pause, 
 	dir := tmpfs(t)
 	p := startProg(t, mib)
 	defer func() {
+		// Free this round's memory before the next.
 		p.cmd.Process.Kill()
 		p.cmd.Wait()
+		unix.Unmount(dir, unix.MNT_DETACH)
 	}()
 	p.verify()
 	p.idle()
@@ -89,6 +94,17 @@ func measureOnce(t *testing.T, mib int, mode, criu string, detail bool) (pause, 
 		t.Fatal(err)
 	}
 	t1 := time.Now()
+	if mode == "move" {
+		if _, _, err := tr.Move(p.pid, path, vmas, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Detach(); err != nil {
+			t.Fatal(err)
+		}
+		pause = time.Since(t0)
+		p.verify()
+		return pause, 0
+	}
 	if mode == "tracer" {
 		_, err = CopyPages(p.pid, vmas, f)
 	} else {
