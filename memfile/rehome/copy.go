@@ -1,0 +1,250 @@
+package rehome
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
+const (
+	pmPresent = 1 << 63
+	pmSwapped = 1 << 62
+	pmGuard   = 1 << 58 // a guard region installed with MADV_GUARD_INSTALL
+	pmPFN     = 1<<55 - 1
+)
+
+// copyChunk bounds the bytes read from the target at once.
+const copyChunk = 4 << 20
+
+// CopyPages copies the pages each VMA holds (present or swapped, per
+// /proc/pid/pagemap) into f at the VMA's slot offset plus the page's offset
+// in the VMA, and extends f to cover every slot. Pages never touched stay
+// holes, and so do pages that hold only zeros: a hole reads zeros through a
+// private mapping too. It returns the bytes written. The process must be
+// stopped (Seize, SIGSTOP or a frozen cgroup) and stay stopped until Remap:
+// a page written in between would be lost.
+func CopyPages(pid int, vmas []VMA, f *os.File) (int64, error) {
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return 0, fmt.Errorf("rehome: process %d: pagemap: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	defer pm.Close()
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		return 0, fmt.Errorf("rehome: process %d: mem: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	defer mem.Close()
+
+	if err := extend(pid, vmas, f); err != nil {
+		return 0, err
+	}
+
+	// Windows of copyChunk bytes, copied by a few workers in parallel:
+	// the copy is bound by the per-page cost of reading the target and of
+	// allocating and filling tmpfs pages, which spreads over cores.
+	type job struct {
+		v          VMA
+		start, end uint64
+	}
+	var jobs []job
+	for _, v := range vmas {
+		for a := v.Start; a < v.End; a += copyChunk {
+			jobs = append(jobs, job{v, a, min(a+copyChunk, v.End)})
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), 4, len(jobs))
+	var (
+		next    atomic.Int64
+		written atomic.Int64
+		mu      sync.Mutex
+		first   error
+		wg      sync.WaitGroup
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := copier{pid: pid, pm: pm, mem: mem, f: f, buf: make([]byte, copyChunk), pmbuf: make([]byte, copyChunk/pageSize*8)}
+			defer func() { written.Add(c.written) }()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(jobs) {
+					return
+				}
+				mu.Lock()
+				failed := first != nil
+				mu.Unlock()
+				if failed {
+					return
+				}
+				j := jobs[i]
+				if err := c.window(j.v, j.start, j.end); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return written.Load(), first
+}
+
+// extend checks the VMAs and makes f cover all their slots.
+func extend(pid int, vmas []VMA, f *os.File) error {
+	var size int64
+	for _, v := range vmas {
+		if v.Start%pageSize != 0 || v.End%pageSize != 0 || v.End <= v.Start || v.Slot < 0 || int64(v.Len()) > SlotSize {
+			return fmt.Errorf("rehome: process %d: VMA %v (slot %d) is not a valid conversion: %w", pid, v, v.Slot, errdefs.ErrInvalidArgument)
+		}
+		size = max(size, v.Offset()+SlotSize)
+	}
+	if st, err := f.Stat(); err != nil {
+		return fmt.Errorf("rehome: memory file %s: %w", f.Name(), err)
+	} else if st.Size() < size {
+		if err := f.Truncate(size); err != nil {
+			return fmt.Errorf("rehome: memory file %s: extend to %d bytes: %w", f.Name(), size, err)
+		}
+	}
+	return nil
+}
+
+// zeroPFN returns the page frame of the kernel's shared zero page (what a
+// page only ever read maps), or 0 if pagemap hides frame numbers.
+var zeroPFN = sync.OnceValue(func() uint64 {
+	m, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return 0
+	}
+	defer unix.Munmap(m)
+	if m[0] != 0 { // the read maps the zero page
+		return 0
+	}
+	pm, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		return 0
+	}
+	defer pm.Close()
+	var b [8]byte
+	addr := uint64(uintptr(unsafe.Pointer(&m[0])))
+	if _, err := pm.ReadAt(b[:], int64(addr/pageSize*8)); err != nil {
+		return 0
+	}
+	e := binary.LittleEndian.Uint64(b[:])
+	if e&pmPresent == 0 {
+		return 0
+	}
+	return e & pmPFN
+})
+
+// heldRuns calls fn for each run of pages of v in [start, end) that hold
+// data: present (other than the zero page) or swapped.
+func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn func(addr, n uint64) error) error {
+	zero := zeroPFN()
+	held := func(e uint64) bool {
+		return e&pmSwapped != 0 || (e&pmPresent != 0 && (zero == 0 || e&pmPFN != zero))
+	}
+	for addr := start; addr < end; {
+		n := min((end-addr)/pageSize, uint64(len(pmbuf)/8))
+		pmb := pmbuf[:n*8]
+		if _, err := pm.ReadAt(pmb, int64(addr/pageSize*8)); err != nil {
+			return fmt.Errorf("rehome: process %d: pagemap of %v: %w", pid, v, err)
+		}
+		for i := uint64(0); i < n; {
+			e := binary.LittleEndian.Uint64(pmb[i*8:])
+			if e&pmGuard != 0 {
+				return fmt.Errorf("rehome: process %d: VMA %v has guard pages (MADV_GUARD_INSTALL), which a file mapping would lose: %w",
+					pid, v, errdefs.ErrNotImplemented)
+			}
+			if !held(e) {
+				i++
+				continue
+			}
+			j := i + 1
+			for j < n {
+				e := binary.LittleEndian.Uint64(pmb[j*8:])
+				if !held(e) || e&pmGuard != 0 {
+					break
+				}
+				j++
+			}
+			if err := fn(addr+i*pageSize, j-i); err != nil {
+				return err
+			}
+			i = j
+		}
+		addr += n * pageSize
+	}
+	return nil
+}
+
+type copier struct {
+	pid     int
+	pm, mem *os.File
+	f       *os.File
+	buf     []byte
+	pmbuf   []byte
+	written int64
+}
+
+var zeroPage [pageSize]byte
+
+// window copies the held pages of v in [start, end).
+func (c *copier) window(v VMA, start, end uint64) error {
+	return heldRuns(c.pid, c.pm, c.pmbuf, v, start, end, func(addr, n uint64) error {
+		return c.run(v, addr, n)
+	})
+}
+
+// run copies n held pages at addr, skipping zero pages.
+func (c *copier) run(v VMA, addr, n uint64) error {
+	for n > uint64(len(c.buf)/pageSize) {
+		k := uint64(len(c.buf) / pageSize)
+		if err := c.run(v, addr, k); err != nil {
+			return err
+		}
+		addr, n = addr+k*pageSize, n-k
+	}
+	b := c.buf[:n*pageSize]
+	// process_vm_readv pins pages in batches; it stops at memory the
+	// process cannot read (PROT_NONE), which /proc/pid/mem reads.
+	got, _ := unix.ProcessVMReadv(c.pid, []unix.Iovec{{Base: &b[0], Len: uint64(len(b))}},
+		[]unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}, 0)
+	got = max(got, 0) / pageSize * pageSize
+	if got < len(b) {
+		if _, err := c.mem.ReadAt(b[got:], int64(addr)+int64(got)); err != nil {
+			return fmt.Errorf("rehome: process %d: read %d pages at %#x of %v: %w", c.pid, n, addr, v, err)
+		}
+	}
+	base := v.Offset() + int64(addr-v.Start)
+	for i := uint64(0); i < n; {
+		if bytes.Equal(b[i*pageSize:(i+1)*pageSize], zeroPage[:]) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < n && !bytes.Equal(b[j*pageSize:(j+1)*pageSize], zeroPage[:]) {
+			j++
+		}
+		w, err := c.f.WriteAt(b[i*pageSize:j*pageSize], base+int64(i*pageSize))
+		c.written += int64(w)
+		if err != nil {
+			return fmt.Errorf("rehome: memory file %s: write %v: %w", c.f.Name(), v, err)
+		}
+		i = j
+	}
+	return nil
+}
