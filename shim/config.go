@@ -83,6 +83,9 @@ type Config struct {
 	// RestoreTimeout bounds the restore of one task: a restore that does not
 	// finish in time is killed and cleaned up.
 	RestoreTimeout time.Duration
+	// Rehome moves a container's private memory onto its family's memory
+	// files at each checkpoint (lazyfork.io/rehome=false opts one out).
+	Rehome bool
 }
 
 // DefaultArchiveDir is where kubelet writes checkpoint archives.
@@ -95,11 +98,18 @@ const DefaultRestoreTimeout = 2 * time.Minute
 func (c Config) MemRoot() string { return filepath.Join(c.Root, "mem") }
 
 // ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE, LAZYFORK_OVERCOMMIT,
-// LAZYFORK_CRIU_VERBOSITY, LAZYFORK_MADVISE, LAZYFORK_ARCHIVE_DIRS and
-// LAZYFORK_RESTORE_TIMEOUT.
+// LAZYFORK_CRIU_VERBOSITY, LAZYFORK_MADVISE, LAZYFORK_ARCHIVE_DIRS,
+// LAZYFORK_RESTORE_TIMEOUT and LAZYFORK_REHOME.
 func ConfigFromEnv() (Config, error) {
 	c := Config{Root: DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
-		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout}
+		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true}
+	switch v := os.Getenv("LAZYFORK_REHOME"); v {
+	case "", "on", "true", "1":
+	case "off", "false", "0":
+		c.Rehome = false
+	default:
+		return c, fmt.Errorf("LAZYFORK_REHOME %q: want on or off: %w", v, errdefs.ErrInvalidArgument)
+	}
 	if v, ok := os.LookupEnv("LAZYFORK_ARCHIVE_DIRS"); ok {
 		c.ArchiveDirs = nil
 		for _, d := range filepath.SplitList(v) {

@@ -177,6 +177,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			Madvise:      spec.Annotations[AnnotationMadvise],
 			PodNamespace: spec.Annotations[annotationCRISandboxNamespace],
 			Forkable:     forkable(spec.Annotations),
+			Rehome:       spec.Annotations[AnnotationRehome],
 		},
 	}
 	if spec.Linux != nil {
@@ -192,6 +193,9 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	}()
 	if _, _, err := parseMadvise(c.state.Madvise); err != nil {
 		return nil, fmt.Errorf("annotation %s: %w", AnnotationMadvise, err)
+	}
+	if v := c.state.Rehome; v != "" && v != "true" && v != "false" {
+		return nil, fmt.Errorf("annotation %s=%q: want true or false: %w", AnnotationRehome, v, errdefs.ErrInvalidArgument)
 	}
 	byAnnotation := false
 	if ref := forkOf(spec.Annotations); ref != "" && r.Checkpoint == "" {
@@ -312,6 +316,9 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 		removeCgroup(ctx, st.CgroupsPath)
 	}
 	holders := []string{st.Holder, exportHolder(st.Namespace, st.ID)}
+	for _, f := range st.MovedFiles {
+		holders = append(holders, movedHolder(st.Namespace, st.ID, f))
+	}
 	if st.Unpacked != "" {
 		// A snapshot of a running parent holds its files as any kept snapshot.
 		holders = append(holders, memfile.HolderSnapshot+filepath.Join(st.Unpacked, "image"))
@@ -347,7 +354,7 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 			return fmt.Errorf("unref %s in family %s: %w", h, st.Family, err)
 		}
 	}
-	st.Holder = ""
+	st.Holder, st.MovedFiles = "", nil
 	return nil
 }
 
@@ -508,6 +515,26 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	frozen := ts.Status == tasktypes.Status_PAUSED
 	ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
 	tWipe := time.Since(t0)
+	mode, guard, err := parseMadvise(st.Madvise)
+	if st.Madvise == "" {
+		mode, guard, err = parseMadvise(s.cfg.Madvise)
+	}
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	// A frozen container moves onto a memory file first: its heap is then
+	// held once, and the dump below sees file mappings and holds only what
+	// it wrote since (the delta path of a fork of a fork).
+	var tMove time.Duration
+	if frozen && s.rehomeEnabled(st, mode, guard) {
+		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
+		tMove = res.Duration
+		logRehome(ctx, r.ID, res, err)
+		if res.File != "" {
+			st.MovedFiles = append(st.MovedFiles, res.File)
+			s.recordState(ctx, r.ID, ts.Bundle, st)
+		}
+	}
 	// CRIU cannot dump a traced task: a zero-mode supervisor lets go for the
 	// dump (Pause already did, for a frozen task).
 	sup := s.supervisorOf(r.ID)
@@ -546,13 +573,6 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		// snapshots' files until it is deleted.
 		ropts.Holder = exportHolder(st.Namespace, st.ID)
 	}
-	mode, guard, err := parseMadvise(st.Madvise)
-	if st.Madvise == "" {
-		mode, guard, err = parseMadvise(s.cfg.Madvise)
-	}
-	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
-	}
 	famDir, err := store.FamilyDir(st.Family)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -586,9 +606,22 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
 		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
-		"wipe_read": tWipe, "dump": tDump, "until_thaw": tThawed,
+		"wipe_read": tWipe, "move": tMove, "dump": tDump, "until_thaw": tThawed,
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
+}
+
+// recordState keeps a container's changed state: in this shim's view of it
+// and in its bundle, for the delete subcommand and later shims.
+func (s *Service) recordState(ctx context.Context, id, bundle string, st *containerState) {
+	s.mu.Lock()
+	if c := s.containers[id]; c != nil {
+		c.state = *st
+	}
+	s.mu.Unlock()
+	if err := writeState(bundle, st); err != nil {
+		log.G(ctx).WithError(err).WithField("id", id).Warn("lazyfork: record state")
+	}
 }
 
 // readWipeOnFork adds the wipe-on-fork ranges of the tree at pid to w. A

@@ -39,6 +39,12 @@ type containerState struct {
 	// Forkable is the container's lazyfork.io/forkable opt-in, recorded in
 	// its snapshots.
 	Forkable bool `json:"forkable,omitempty"`
+	// Rehome is the container's lazyfork.io/rehome annotation ("false" opts
+	// out of moving onto its memory files at checkpoint).
+	Rehome string `json:"rehome,omitempty"`
+	// MovedFiles are the memory files the container's own processes map
+	// since they were moved onto them (in its view, pinned by Holder).
+	MovedFiles []string `json:"movedFiles,omitempty"`
 }
 
 func writeState(bundle string, st *containerState) error {

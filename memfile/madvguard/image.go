@@ -67,6 +67,21 @@ type imageState struct {
 	sImg  *criuimg.Image // nil when the dump has no seccomp.img
 }
 
+// deadTask reports whether the task whose leader is pid was dumped dead (a
+// zombie) or as a helper: neither restores seccomp state.
+func deadTask(dir string, pid uint32) (bool, error) {
+	path := criuimg.CorePath(dir, pid)
+	cimg, err := criuimg.ReadImage(path, criuimg.MagicCore, criuimg.Of(&criucore.CoreEntry{}))
+	if err != nil {
+		return false, fmt.Errorf("madvguard: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if len(cimg.Entries) != 1 {
+		return false, fmt.Errorf("%s: %d entries, want 1: %w", path, len(cimg.Entries), errdefs.ErrInvalidArgument)
+	}
+	s := cimg.Entries[0].(*criucore.CoreEntry).GetTc().GetTaskState()
+	return s != taskAlive && s != taskStopped, nil
+}
+
 func load(dir string) (*imageState, error) {
 	st := &imageState{dir: dir}
 	entries, err := criuimg.ReadPstree(dir)
@@ -78,6 +93,14 @@ func load(dir string) (*imageState, error) {
 	}
 	for _, pe := range entries {
 		p := &process{pid: int(pe.GetPid())}
+		// The leader's state first: a zombie restores no seccomp state, and
+		// CRIU 4.1.1 leaves a dead task's thread ids unset (garbage, with no
+		// core image behind them).
+		if dead, err := deadTask(dir, uint32(p.pid)); err != nil {
+			return nil, err
+		} else if dead {
+			continue
+		}
 		for _, t := range pe.GetThreads() {
 			p.tids = append(p.tids, int(t))
 		}

@@ -28,6 +28,9 @@ type Tracee struct {
 
 	pending map[int]unix.WaitStatus // wait statuses not yet asked for, by thread
 
+	// hostFile is the caller's writable handle on the file during MoveFile.
+	hostFile *os.File
+
 	// NoNewPrivs lists the processes InstallFilter had to give
 	// no_new_privs (they lacked CAP_SYS_ADMIN).
 	NoNewPrivs []int

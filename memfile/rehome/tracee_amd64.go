@@ -687,6 +687,15 @@ func (t *Tracee) Move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	return done, st, err
 }
 
+// MoveFile is Move with the file opened by the caller for writing (host): for
+// a process that sees the file only read-only (a container's memory view),
+// where the caller copies and the process only maps.
+func (t *Tracee) MoveFile(pid int, host *os.File, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
+	t.hostFile = host
+	defer func() { t.hostFile = nil }()
+	return t.Move(pid, path, vmas, chunk)
+}
+
 func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
 	var st CopyStats
 	p, err := t.proc(pid)
@@ -700,11 +709,15 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	if !strings.HasPrefix(path, "/") {
 		return nil, st, fmt.Errorf("rehome: memory file path %q is not absolute: %w", path, errdefs.ErrInvalidArgument)
 	}
-	host, err := os.OpenFile(fmt.Sprintf("/proc/%d/root%s", pid, path), os.O_RDWR, 0)
-	if err != nil {
-		return nil, st, fmt.Errorf("rehome: process %d: memory file %s: %w", pid, path, err)
+	host := t.hostFile
+	if host == nil {
+		f, err := os.OpenFile(fmt.Sprintf("/proc/%d/root%s", pid, path), os.O_RDWR, 0)
+		if err != nil {
+			return nil, st, fmt.Errorf("rehome: process %d: memory file %s: %w", pid, path, err)
+		}
+		defer f.Close()
+		host = f
 	}
-	defer host.Close()
 	if err := extend(pid, vmas, host); err != nil {
 		return nil, st, err
 	}

@@ -4,6 +4,7 @@ package rehome
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 
 	"github.com/containerd/errdefs"
@@ -35,5 +36,9 @@ const DefaultChunk = 64 << 20
 
 // Move is not implemented on this architecture.
 func (t *Tracee) Move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
+	return nil, CopyStats{}, supported()
+}
+
+func (t *Tracee) MoveFile(pid int, host *os.File, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
 	return nil, CopyStats{}, supported()
 }

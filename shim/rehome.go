@@ -1,0 +1,347 @@
+package shim
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/sys/reaper"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
+	"github.com/lazyfork/lazyfork/memfile/rehome"
+)
+
+// AnnotationRehome opts a container out of moving onto its snapshot's
+// memory ("false"); by default a container's private memory moves onto a
+// memory file of its family at each checkpoint, so its heap is held once and
+// its next snapshot is a delta (docs/architecture.md, "The parent on its own
+// memory").
+const AnnotationRehome = "lazyfork.io/rehome"
+
+// rehomeResult is what a move did, for the log and the container's state.
+type rehomeResult struct {
+	File     string // the new memory file ("" if nothing moved)
+	VMAs     int
+	Bytes    int64
+	Duration time.Duration
+	// NoNewPrivs lists processes that got no_new_privs for the madvise
+	// guard (they had no CAP_SYS_ADMIN).
+	NoNewPrivs []int
+}
+
+// rehomeEnabled reports whether a container's memory moves onto its files at
+// checkpoint: the shim setting, then the container's annotation. A zero-mode
+// madvise guard needs a supervisor tracing the task, which a move cannot
+// share: those containers keep today's behaviour.
+func (s *Service) rehomeEnabled(st *containerState, mode madvguard.Mode, guard bool) bool {
+	if !s.cfg.Rehome || st.Rehome == "false" {
+		return false
+	}
+	return !guard || mode == madvguard.Refuse
+}
+
+// rehomeContainer moves the private anonymous memory of every process of a
+// frozen container onto one new memory file of its family, in place
+// (package rehome: each VMA's pages are copied into the file and the VMA is
+// replaced by a MAP_PRIVATE mapping of it, chunk by chunk, by syscalls
+// injected while the processes are stopped), and installs the madvise guard
+// on the moved ranges, which now bring back file bytes on MADV_DONTNEED as in
+// a fork. The container then holds its heap once, in the page cache shared
+// with its forks, and its next dump holds only the pages it wrote since.
+//
+// The work runs in a helper process (this binary, "rehome"): the shim's
+// reaper waits for any child and would take the ptrace stops of the
+// container's processes, which are the shim's children. The helper is put
+// into the container's memory cgroup before it copies, so the file's pages
+// are charged to the container whose memory they hold; chunks bound what the
+// container holds twice during the move.
+//
+// A failure before the first chunk is mapped leaves the container as it was;
+// after that, each chunk is either moved or left as it was, never lost, and
+// the file stays referenced by the container.
+func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initPID int, mode madvguard.Mode, guard bool) (res rehomeResult, retErr error) {
+	t0 := time.Now()
+	defer func() { res.Duration = time.Since(t0) }()
+	if st.View == "" {
+		return res, fmt.Errorf("container %s has no memory view (created by an older shim): %w", st.ID, errdefs.ErrFailedPrecondition)
+	}
+	freezer, err := freezerCgroup(initPID)
+	if err != nil {
+		return res, err
+	}
+	pids, err := cgroupProcs(freezer)
+	if err != nil {
+		return res, err
+	}
+	store, err := s.Store()
+	if err != nil {
+		return res, err
+	}
+	pf, err := store.CreateFile(st.Family)
+	if err != nil {
+		return res, err
+	}
+	holder := movedHolder(st.Namespace, st.ID, pf.Name())
+	if err := pf.Publish(holder); err != nil {
+		pf.Abort()
+		return res, err
+	}
+	linked := false
+	defer func() {
+		if res.VMAs > 0 {
+			if err := pf.Seal(); err != nil {
+				retErr = errors.Join(retErr, fmt.Errorf("seal %s: %w", pf.Name(), err))
+			}
+			return
+		}
+		// Nothing maps the file: it goes (GC frees it once unreferenced).
+		if linked {
+			os.Remove(filepath.Join(store.ViewDir(st.View), pf.Name()))
+		}
+		pf.Abort()
+		res.File = ""
+	}()
+	if _, err := store.LinkView(st.Family, st.View, []string{pf.Name()}); err != nil {
+		return res, fmt.Errorf("link memory file %s into the view of %s: %w", pf.Name(), st.ID, err)
+	}
+	linked = true
+	res.File = pf.Name()
+	reply, err := s.runRehomeHelper(ctx, initPID, rehomeRequest{
+		Freezer: freezer, Pids: pids, HostFile: pf.Path(), Inside: filepath.Join(memfile.MountPath, pf.Name()),
+		Guard: guard, Mode: int(mode),
+	})
+	if err != nil {
+		return res, err
+	}
+	res.VMAs, res.Bytes, res.NoNewPrivs = reply.VMAs, reply.Bytes, reply.NoNewPrivs
+	if reply.Err != "" {
+		return res, errors.New(reply.Err)
+	}
+	return res, nil
+}
+
+// movedHolder is the reference a container holds on a file its own processes
+// were moved onto.
+func movedHolder(ns, id, file string) string { return "moved:" + ns + "/" + id + "/" + file }
+
+// rehomeRequest is what the shim asks its rehome helper (JSON on stdin).
+type rehomeRequest struct {
+	Freezer  string `json:"freezer"`  // the container's frozen cgroup
+	Pids     []int  `json:"pids"`     // every process in it
+	HostFile string `json:"hostFile"` // the memory file, writable, on the host
+	Inside   string `json:"inside"`   // the same file as the processes see it
+	Guard    bool   `json:"guard"`    // install the madvise guard on what moved
+	Mode     int    `json:"mode"`     // madvguard.Mode of the guard
+}
+
+// rehomeReply is the helper's answer (JSON on stdout).
+type rehomeReply struct {
+	VMAs       int    `json:"vmas"`  // VMAs moved whole
+	Bytes      int64  `json:"bytes"` // bytes written into the file
+	NoNewPrivs []int  `json:"noNewPrivs,omitempty"`
+	Err        string `json:"err,omitempty"`
+}
+
+// runRehomeHelper runs the helper through containerd's reaper, inside the
+// container's memory cgroup, and returns its reply.
+func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req rehomeRequest) (*rehomeReply, error) {
+	cmd := exec.Command(s.self, HookArg, "rehome")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	ec, err := reaper.Default.Start(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("start the rehome helper: %w", err)
+	}
+	if err := joinMemoryCgroup(initPID, cmd.Process.Pid); err != nil {
+		log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the file is charged to the shim)")
+	}
+	werr := json.NewEncoder(stdin).Encode(&req)
+	stdin.Close()
+	code, err := reaper.Default.Wait(cmd, ec)
+	if werr != nil || err != nil || code != 0 {
+		return nil, fmt.Errorf("rehome helper: exit %d: %v %v: %s", code, werr, err, strings.TrimSpace(stderr.String()))
+	}
+	var reply rehomeReply
+	if err := json.Unmarshal(stdout.Bytes(), &reply); err != nil {
+		return nil, fmt.Errorf("rehome helper: reply %q: %w", stdout.String(), err)
+	}
+	return &reply, nil
+}
+
+// runRehome is the helper's side (RunHook "rehome"): seize the frozen
+// container, move each process onto the file, guard what moved, let go.
+func runRehome(stdin io.Reader, stdout io.Writer) error {
+	var req rehomeRequest
+	if err := json.NewDecoder(stdin).Decode(&req); err != nil {
+		return fmt.Errorf("decode request: %w", err)
+	}
+	reply := moveAll(&req)
+	return json.NewEncoder(stdout).Encode(reply)
+}
+
+func moveAll(req *rehomeRequest) (reply rehomeReply) {
+	fail := func(err error) rehomeReply { reply.Err = err.Error(); return reply }
+	f, err := os.OpenFile(req.HostFile, os.O_RDWR, 0)
+	if err != nil {
+		return fail(err)
+	}
+	defer f.Close()
+	tr, err := rehome.Seize(req.Freezer, req.Pids...)
+	if err != nil {
+		return fail(err)
+	}
+	var errs []error
+	defer func() {
+		if err := tr.Detach(); err != nil {
+			errs = append(errs, fmt.Errorf("detach: %w", err))
+		}
+		reply.NoNewPrivs = tr.NoNewPrivs
+		if err := errors.Join(errs...); err != nil {
+			reply.Err = err.Error()
+		}
+	}()
+	slot := 0
+	for _, pid := range req.Pids {
+		vmas, err := rehome.Plan(pid)
+		if err != nil {
+			errs = append(errs, err)
+			return reply
+		}
+		// One file for the tree: each process's VMAs in slots of their own.
+		for i := range vmas {
+			vmas[i].Slot += slot
+		}
+		slot += len(vmas)
+		if len(vmas) == 0 {
+			continue
+		}
+		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, 0)
+		reply.VMAs += len(done)
+		reply.Bytes += cs.Bytes
+		if err != nil {
+			errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
+		}
+		if req.Guard && len(done) > 0 {
+			ranges := make([]madvguard.Range, len(done))
+			for i, v := range done {
+				ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
+			}
+			prog, err := madvguard.Program(ranges, madvguard.Mode(req.Mode))
+			if err == nil {
+				err = tr.InstallFilter(pid, prog)
+			}
+			if err != nil {
+				// Without the guard a purge would bring back the file's
+				// bytes where the allocator expects zeros: say so loudly.
+				errs = append(errs, fmt.Errorf("process %d: madvise guard: %w", pid, err))
+			}
+		}
+	}
+	return reply
+}
+
+// joinMemoryCgroup moves process pid into the memory cgroup of process of
+// (v1 memory hierarchy, or the unified one).
+func joinMemoryCgroup(of, pid int) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", of))
+	if err != nil {
+		return err
+	}
+	var dir string
+	for _, l := range strings.Split(string(b), "\n") {
+		p := strings.SplitN(l, ":", 3)
+		if len(p) != 3 {
+			continue
+		}
+		if slices.Contains(strings.Split(p[1], ","), "memory") {
+			dir = filepath.Join(cgroupRoot, "memory", p[2])
+			break
+		}
+		if p[0] == "0" && p[1] == "" {
+			dir = filepath.Join(cgroupRoot, p[2])
+		}
+	}
+	if dir == "" {
+		return fmt.Errorf("process %d has no memory cgroup: %w", of, errdefs.ErrNotFound)
+	}
+	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+}
+
+// freezerCgroup is the directory of the cgroup that freezes process pid: the
+// v1 freezer hierarchy's, or the unified one.
+func freezerCgroup(pid int) (string, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", fmt.Errorf("cgroup of process %d: %w", pid, err)
+	}
+	defer f.Close()
+	var unified string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		p := strings.SplitN(sc.Text(), ":", 3)
+		if len(p) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(p[1], ",") {
+			if c == "freezer" {
+				return filepath.Join(cgroupRoot, "freezer", p[2]), nil
+			}
+		}
+		if p[0] == "0" && p[1] == "" {
+			unified = p[2]
+		}
+	}
+	if unified == "" {
+		return "", fmt.Errorf("process %d has no freezer cgroup: %w", pid, errdefs.ErrNotFound)
+	}
+	return filepath.Join(cgroupRoot, unified), nil
+}
+
+// cgroupProcs lists the processes of a cgroup directory.
+func cgroupProcs(dir string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) == 0 {
+		return nil, fmt.Errorf("cgroup %s holds no process: %w", dir, errdefs.ErrNotFound)
+	}
+	return pids, nil
+}
+
+// logRehome reports a move.
+func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
+	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "duration": res.Duration})
+	if len(res.NoNewPrivs) > 0 {
+		l = l.WithField("no_new_privs", res.NoNewPrivs)
+	}
+	if err != nil {
+		l.WithError(err).Warn("lazyfork: move onto memory file incomplete")
+		return
+	}
+	l.Info("lazyfork: moved onto memory file")
+}
