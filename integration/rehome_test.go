@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/cgroups/v3"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -163,5 +165,95 @@ func TestRehome(t *testing.T) {
 	}
 	if !moved {
 		t.Errorf("the moved parent holds no reference on its memory file: %v", holders)
+	}
+}
+
+// memoryCgroupFile is a file of a container's memory cgroup (v1 or v2 name).
+func memoryCgroupFile(t *testing.T, ctx context.Context, ctr containerd.Container, v1, v2 string) string {
+	t.Helper()
+	spec, err := ctr.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cgroups.Mode() == cgroups.Unified {
+		return filepath.Join("/sys/fs/cgroup", spec.Linux.CgroupsPath, v2)
+	}
+	return filepath.Join("/sys/fs/cgroup/memory", spec.Linux.CgroupsPath, v1)
+}
+
+// shmemOf is the tmpfs memory charged to a container's cgroup.
+func shmemOf(t *testing.T, ctx context.Context, ctr containerd.Container) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(memoryCgroupFile(t, ctx, ctr, "memory.stat", "memory.stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "shmem "); ok {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// TestRehomeMemoryLimit: the moved memory file is charged to the container
+// whose memory it holds, so its limit bounds its snapshots: a parent with a
+// limit a little above its heap moves and forks; a parent with no headroom
+// left gets a clear error and keeps running, unmoved (issue 11, point 4).
+func TestRehomeMemoryLimit(t *testing.T) {
+	e, ctx, img := startLFPython(t)
+	lf := e.lfClient()
+
+	fits := e.startCounter(t, ctx, img, "fits-"+lfRandom(3), 64)
+	fitsCtr, err := e.Client().LoadContainer(ctx, fits.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := memoryUsage(t, ctx, fitsCtr)
+	limit := usage + 24<<20
+	if err := os.WriteFile(memoryCgroupFile(t, ctx, fitsCtr, "memory.limit_in_bytes", "memory.max"), []byte(strconv.FormatUint(limit, 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	res, err := lf.Fork(ctx, fits.id, 1, e.logIO())
+	if err != nil {
+		t.Fatalf("fork of a parent %d MiB under its limit: %v", (limit-usage)>>20, err)
+	}
+	checkContinues(t, ctx, fits, e.forks(res)[0])
+	shmem := shmemOf(t, ctx, fitsCtr)
+	t.Logf("parent usage %d MiB, limit %d MiB; after the move: usage %d MiB, of it shmem (its memory file) %d MiB, RssAnon %d kB",
+		usage>>20, limit>>20, memoryUsage(t, ctx, fitsCtr)>>20, shmem>>20, statusKB(t, fits.task.Pid(), "RssAnon"))
+	if shmem < 60<<20 {
+		t.Errorf("the parent's cgroup holds %d MiB of tmpfs after its move, want its 64 MiB heap charged to it", shmem>>20)
+	}
+	if v := fits.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
+		t.Errorf("parent after the move: %q", v)
+	}
+
+	full := e.startCounter(t, ctx, img, "full-"+lfRandom(3), 64)
+	fullCtr, err := e.Client().LoadContainer(ctx, full.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage = memoryUsage(t, ctx, fullCtr)
+	if err := os.WriteFile(memoryCgroupFile(t, ctx, fullCtr, "memory.limit_in_bytes", "memory.max"), []byte(strconv.FormatUint(usage+1<<20, 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	anon := statusKB(t, full.task.Pid(), "RssAnon")
+	_, err = lf.Fork(ctx, full.id, 1, e.logIO())
+	if err == nil || !strings.Contains(err.Error(), "memory limit") {
+		t.Fatalf("fork of a parent at its memory limit: %v, want a clear error naming the limit", err)
+	}
+	t.Logf("at its limit: %v", err)
+	st, err := full.task.Status(ctx)
+	if err != nil || st.Status != containerd.Running {
+		t.Fatalf("parent after the refused snapshot: %v %v", st.Status, err)
+	}
+	full.waitLine(t, ctx, len(full.lines(t)), "tick ")
+	if v := full.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
+		t.Errorf("parent after the refused snapshot: %q", v)
+	}
+	if a := statusKB(t, full.task.Pid(), "RssAnon"); a < anon/2 {
+		t.Errorf("the refused parent moved anyway: RssAnon %d kB, was %d kB", a, anon)
 	}
 }

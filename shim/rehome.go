@@ -87,6 +87,10 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	if err != nil {
 		return res, err
 	}
+	chunk, err := moveChunk(initPID)
+	if err != nil {
+		return res, err
+	}
 	store, err := s.Store()
 	if err != nil {
 		return res, err
@@ -122,7 +126,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	res.File = pf.Name()
 	reply, err := s.runRehomeHelper(ctx, initPID, rehomeRequest{
 		Freezer: freezer, Pids: pids, HostFile: pf.Path(), Inside: filepath.Join(memfile.MountPath, pf.Name()),
-		Guard: guard, Mode: int(mode),
+		Guard: guard, Mode: int(mode), Chunk: chunk,
 	})
 	if err != nil {
 		return res, err
@@ -146,6 +150,7 @@ type rehomeRequest struct {
 	Inside   string `json:"inside"`   // the same file as the processes see it
 	Guard    bool   `json:"guard"`    // install the madvise guard on what moved
 	Mode     int    `json:"mode"`     // madvguard.Mode of the guard
+	Chunk    uint64 `json:"chunk"`    // bytes copied and mapped at a time
 }
 
 // rehomeReply is the helper's answer (JSON on stdout).
@@ -233,7 +238,7 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 		if len(vmas) == 0 {
 			continue
 		}
-		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, 0)
+		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, req.Chunk)
 		reply.VMAs += len(done)
 		reply.Bytes += cs.Bytes
 		if err != nil {
@@ -258,12 +263,63 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 	return reply
 }
 
-// joinMemoryCgroup moves process pid into the memory cgroup of process of
-// (v1 memory hierarchy, or the unified one).
-func joinMemoryCgroup(of, pid int) error {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", of))
+// Chunks of a move: while one is copied, the container holds it twice (its
+// anonymous pages and the file's, both charged to its memory cgroup).
+const (
+	maxMoveChunk = 16 << 20
+	minMoveChunk = 1 << 20
+)
+
+// moveChunk sizes the chunks of a move to the headroom of the container's
+// memory limit: half of it, at most maxMoveChunk. A container with less than
+// two minimal chunks of headroom is refused: its move would drive it into
+// its own OOM killer.
+func moveChunk(pid int) (uint64, error) {
+	dir, err := memoryCgroupDir(pid)
 	if err != nil {
-		return err
+		return maxMoveChunk, nil // no memory controller: no limit to honour
+	}
+	limit, usage, ok := memoryLimit(dir)
+	if !ok {
+		return maxMoveChunk, nil
+	}
+	headroom := uint64(0)
+	if limit > usage {
+		headroom = limit - usage
+	}
+	if headroom < 2*minMoveChunk {
+		return 0, fmt.Errorf("the container is %d KiB under its memory limit of %d MiB; moving its memory onto a file needs %d MiB of headroom: raise the limit, or set %s=false: %w",
+			headroom>>10, limit>>20, 2*minMoveChunk>>20, AnnotationRehome, errdefs.ErrResourceExhausted)
+	}
+	return min(maxMoveChunk, headroom/2) &^ 4095, nil
+}
+
+// memoryLimit reads a memory cgroup's limit and usage (v1 or v2); ok is
+// false when it has no limit.
+func memoryLimit(dir string) (limit, usage uint64, ok bool) {
+	read := func(name string) (uint64, bool) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		return v, err == nil
+	}
+	if l, found := read("memory.limit_in_bytes"); found {
+		u, _ := read("memory.usage_in_bytes")
+		return l, u, l < 1<<62
+	}
+	l, found := read("memory.max") // "max" does not parse: no limit
+	u, _ := read("memory.current")
+	return l, u, found
+}
+
+// memoryCgroupDir is the directory of process pid's memory cgroup (v1 memory
+// hierarchy, or the unified one).
+func memoryCgroupDir(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
 	}
 	var dir string
 	for _, l := range strings.Split(string(b), "\n") {
@@ -272,15 +328,24 @@ func joinMemoryCgroup(of, pid int) error {
 			continue
 		}
 		if slices.Contains(strings.Split(p[1], ","), "memory") {
-			dir = filepath.Join(cgroupRoot, "memory", p[2])
-			break
+			return filepath.Join(cgroupRoot, "memory", p[2]), nil
 		}
 		if p[0] == "0" && p[1] == "" {
 			dir = filepath.Join(cgroupRoot, p[2])
 		}
 	}
 	if dir == "" {
-		return fmt.Errorf("process %d has no memory cgroup: %w", of, errdefs.ErrNotFound)
+		return "", fmt.Errorf("process %d has no memory cgroup: %w", pid, errdefs.ErrNotFound)
+	}
+	return dir, nil
+}
+
+// joinMemoryCgroup moves process pid into the memory cgroup of process of
+// (v1 memory hierarchy, or the unified one).
+func joinMemoryCgroup(of, pid int) error {
+	dir, err := memoryCgroupDir(of)
+	if err != nil {
+		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
 }

@@ -529,6 +529,11 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if frozen && s.rehomeEnabled(st, mode, guard) {
 		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
 		tMove = res.Duration
+		if errdefs.IsResourceExhausted(err) && res.VMAs == 0 {
+			// Its memory limit bounds its snapshots: no dump charged
+			// elsewhere behind its back.
+			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint of %s: %w", r.ID, err))
+		}
 		logRehome(ctx, r.ID, res, err)
 		if res.File != "" {
 			st.MovedFiles = append(st.MovedFiles, res.File)
