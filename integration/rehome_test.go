@@ -257,3 +257,39 @@ func TestRehomeMemoryLimit(t *testing.T) {
 		t.Errorf("the refused parent moved anyway: RssAnon %d kB, was %d kB", a, anon)
 	}
 }
+
+// TestRehomeHelperKilled: the move's helper dies (SIGKILL) with part of the
+// tree moved. The parent runs on, each part moved or as it was, its memory
+// verifies, and it forks now and again later (issue 11, point 5).
+func TestRehomeHelperKilled(t *testing.T) {
+	e := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_FAILPOINT=die-mid-move"}})
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf := e.lfClient()
+	parent := e.startCounter(t, ctx, img, "kill-"+lfRandom(3), 64)
+	for i := 1; i <= 2; i++ {
+		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
+		if err != nil {
+			t.Fatalf("fork %d with the move's helper killed: %v", i, err)
+		}
+		f := e.forks(res)[0]
+		checkContinues(t, ctx, parent, f)
+		if v := f.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
+			t.Errorf("fork %d: %q", i, v)
+		}
+	}
+	st, err := parent.task.Status(ctx)
+	if err != nil || st.Status != containerd.Running {
+		t.Fatalf("parent: %v %v", st.Status, err)
+	}
+	parent.waitLine(t, ctx, len(parent.lines(t)), "tick ")
+	if v := parent.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
+		t.Errorf("parent: %q", v)
+	}
+	if !strings.Contains(e.Log(), "move onto memory file incomplete") {
+		t.Errorf("the shim did not report the failed move")
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/sys/reaper"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
@@ -104,9 +105,11 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		pf.Abort()
 		return res, err
 	}
-	linked := false
+	linked, nothingMoved := false, false
 	defer func() {
-		if res.VMAs > 0 {
+		if !nothingMoved && linked {
+			// Moved, or maybe in part (a helper that died): the processes
+			// may map the file, and a later dump needs it in their view.
 			if err := pf.Seal(); err != nil {
 				retErr = errors.Join(retErr, fmt.Errorf("seal %s: %w", pf.Name(), err))
 			}
@@ -129,13 +132,26 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		Guard: guard, Mode: int(mode), Chunk: chunk,
 	})
 	if err != nil {
+		// The container must be as its pauser left it: frozen.
+		if ferr := freeze(freezer); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
 		return res, err
 	}
 	res.VMAs, res.Bytes, res.NoNewPrivs = reply.VMAs, reply.Bytes, reply.NoNewPrivs
 	if reply.Err != "" {
 		return res, errors.New(reply.Err)
 	}
+	nothingMoved = res.VMAs == 0 && res.Bytes == 0
 	return res, nil
+}
+
+// freeze puts a cgroup back in the frozen state (v1 freezer or v2).
+func freeze(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, "freezer.state")); err == nil {
+		return os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("FROZEN"), 0)
+	}
+	return os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("1"), 0)
 }
 
 // movedHolder is the reference a container holds on a file its own processes
@@ -237,6 +253,11 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 		slot += len(vmas)
 		if len(vmas) == 0 {
 			continue
+		}
+		if os.Getenv("LAZYFORK_REHOME_FAILPOINT") == "die-mid-move" && len(vmas) > 1 {
+			// Tests: the helper killed with part of the tree moved.
+			tr.MoveFile(pid, f, req.Inside, vmas[:1], req.Chunk)
+			unix.Kill(os.Getpid(), unix.SIGKILL)
 		}
 		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, req.Chunk)
 		reply.VMAs += len(done)

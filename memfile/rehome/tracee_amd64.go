@@ -322,6 +322,12 @@ func (p *proc) syscall(nr uintptr, args ...uint64) (int64, error) {
 	if err := unix.PtraceGetRegs(p.inj, &out); err != nil {
 		return 0, fmt.Errorf("rehome: process %d: thread %d: get registers: %w", p.pid, p.inj, err)
 	}
+	// Between calls the thread holds its own registers and signal mask: a
+	// tracer killed here leaves a process that runs on where it was, each
+	// chunk moved or not (two ptrace calls a syscall, microseconds).
+	if err := p.restore(); err != nil {
+		return 0, err
+	}
 	return int64(out.Rax), nil
 }
 
