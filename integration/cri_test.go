@@ -144,6 +144,15 @@ func TestCRICheckpointForkPod(t *testing.T) {
 	if _, err := waitTickAbove(ctx, plog, after); err != nil {
 		t.Fatalf("parent stopped after the checkpoint: %v", err)
 	}
+	// It was moved onto its snapshot's memory file in place: CRI sees the
+	// same container RUNNING, started once, and no exit.
+	ps, err := c.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: parent})
+	if err != nil || ps.Status.State != runtimeapi.ContainerState_CONTAINER_RUNNING || ps.Status.FinishedAt != 0 {
+		t.Fatalf("parent after its checkpoint, as CRI sees it: %+v %v", ps.GetStatus(), err)
+	}
+	if !strings.Contains(c.Log(), "moved onto memory file") {
+		t.Errorf("the parent was not moved onto its memory file at its CRI checkpoint")
+	}
 	// The archive is containerd's, with a LazyFork snapshot inside it.
 	img := extractCheckpoint(t, archive)
 	if _, err := memfile.ReadSnapshot(img); err != nil {

@@ -151,8 +151,13 @@ var zeroPFN = sync.OnceValue(func() uint64 {
 })
 
 // heldRuns calls fn for each run of pages of v in [start, end) that hold
-// data: present (other than the zero page) or swapped.
+// data: present (other than the zero page) or swapped; every page of a
+// Whole VMA.
 func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn func(addr, n uint64) error) error {
+	if v.Whole {
+		// .data: the clean pages are the file's bytes, not holes.
+		return fn(start, (end-start)/pageSize)
+	}
 	zero := zeroPFN()
 	held := func(e uint64) bool {
 		return e&pmSwapped != 0 || (e&pmPresent != 0 && (zero == 0 || e&pmPFN != zero))

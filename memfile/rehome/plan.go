@@ -27,7 +27,12 @@ type VMA struct {
 	Flags      int    // extra mmap flags to keep (MAP_NORESERVE)
 	Slot       int    // slot of the memory file the VMA maps (offset Slot*SlotSize)
 	Pages      uint64 // pages the VMA holds, resident or swapped (from smaps)
-	Name       string // "" or "[heap]" or "[anon:...]", for messages
+	Name       string // "" or "[heap]" or "[anon:...]", or the file of a .data mapping
+	// Whole: a program's or library's dirty .data (a private writable
+	// mapping of a file the process also maps executable): every page is
+	// copied, clean ones from the file included, since a hole would read
+	// zeros instead of the file's bytes.
+	Whole bool
 }
 
 // Offset is the file offset the VMA's first page maps.
@@ -62,10 +67,14 @@ func Plan(pid int) ([]VMA, error) {
 		return nil, fmt.Errorf("rehome: process %d: %w", pid, errdefs.ErrNotFound)
 	}
 	defer f.Close()
+	execFiles, err := executableFiles(pid)
+	if err != nil {
+		return nil, err
+	}
 	var out []VMA
 	var cur VMA
 	var ok bool // cur qualifies so far
-	var kb uint64
+	var kb, anonKB uint64
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -79,12 +88,22 @@ func Plan(pid int) ([]VMA, error) {
 					cur.Flags |= unix.MAP_NORESERVE
 				}
 			}
+			if cur.Whole && anonKB == 0 {
+				ok = false // clean .data: the file has its bytes already
+			}
 			if ok && kb > 0 {
 				cur.Pages = kb * 1024 / pageSize
+				if cur.Whole {
+					cur.Pages = cur.Len() / pageSize
+				}
 				cur.Slot = len(out)
 				out = append(out, cur)
 			}
 			ok = false
+			continue
+		}
+		if rest, found := bytes.CutPrefix(l, []byte("Anonymous:")); found {
+			anonKB += parseKB(rest)
 			continue
 		}
 		if rest, found := bytes.CutPrefix(l, []byte("Rss:")); found {
@@ -96,13 +115,43 @@ func Plan(pid int) ([]VMA, error) {
 			continue
 		}
 		if v, good, isHeader := parseHeader(l); isHeader {
-			cur, ok, kb = v, good, 0
+			cur, ok, kb, anonKB = v, good, 0, 0
+			if !good && dataMapping(l, execFiles) {
+				cur.Whole, ok = true, true
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("rehome: process %d: smaps: %w", pid, err)
 	}
 	return out, nil
+}
+
+// executableFiles are the (device, inode) of the files process pid maps
+// executable: a program and its libraries.
+func executableFiles(pid int) (map[string]bool, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, fmt.Errorf("rehome: process %d: %w", pid, errdefs.ErrNotFound)
+	}
+	out := map[string]bool{}
+	for l := range bytes.SplitSeq(b, []byte("\n")) {
+		fs := bytes.Fields(l)
+		if len(fs) >= 6 && len(fs[1]) == 4 && fs[1][2] == 'x' && string(fs[4]) != "0" {
+			out[string(fs[3])+" "+string(fs[4])] = true
+		}
+	}
+	return out, nil
+}
+
+// dataMapping reports whether a maps line is a program's or library's .data:
+// private, writable, not executable, of a file the process maps executable.
+func dataMapping(l []byte, execFiles map[string]bool) bool {
+	fs := bytes.Fields(l)
+	if len(fs) < 6 || len(fs[1]) != 4 || string(fs[1][1:]) != "w-p" || string(fs[4]) == "0" || fs[5][0] != '/' {
+		return false
+	}
+	return execFiles[string(fs[3])+" "+string(fs[4])]
 }
 
 func parseKB(b []byte) uint64 {

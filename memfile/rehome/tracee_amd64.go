@@ -801,7 +801,7 @@ func checkVMAs(pid int, vmas []VMA) error {
 	}
 	cur := map[[2]uint64]VMA{}
 	for l := range bytes.SplitSeq(b, []byte("\n")) {
-		if v, good, ok := parseHeader(l); ok && good {
+		if v, _, ok := parseHeader(l); ok {
 			cur[[2]uint64{v.Start, v.End}] = v
 		}
 	}
