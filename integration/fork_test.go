@@ -546,11 +546,27 @@ func TestForkFailures(t *testing.T) {
 	if err := lf.RemoveSnapshot(ctx, res.Snapshot); err != nil {
 		t.Fatal(err)
 	}
-	// The family's files are freed: no fork and no snapshot holds them.
+	// The family's files are freed but the one the running parent was
+	// moved onto: no fork and no snapshot holds them.
 	time.Sleep(100 * time.Millisecond)
+	holders, err := store.Holders(snap.Family)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parentFiles := map[string]bool{}
+	for h, files := range holders {
+		if !strings.HasPrefix(h, "moved:"+e.Namespace+"/"+id+"/") {
+			t.Errorf("holder %s left after the forks and snapshots went: %v", h, files)
+		}
+		for _, f := range files {
+			parentFiles[f] = true
+		}
+	}
 	left, _ := filepath.Glob(filepath.Join(famDir, "*"+memfile.FileExt))
-	if len(left) > 0 {
-		t.Errorf("memory files left after the last holder went: %v", left)
+	for _, f := range left {
+		if !parentFiles[filepath.Base(f)] {
+			t.Errorf("memory file %s left after its last holder went", f)
+		}
 	}
 }
 
