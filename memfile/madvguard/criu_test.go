@@ -342,3 +342,47 @@ func checkStagingSafe(t *testing.T, img string, ranges map[int][]madvguard.Range
 		}
 	}
 }
+
+// A tree holding a zombie (any shell that ran a background job) gets its
+// guard: CRIU 4.1.1 leaves a dead task's thread ids unset in pstree.img, with
+// no core image behind them, and the guard must not look for one (issue 13).
+func TestGuardWithZombie(t *testing.T) {
+	testutil.RequiresCRIU(t)
+	if err := criurun.BecomeSubreaper(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := criurun.Start([]string{"sh", "-c", "true & exec sleep 1000"}, criurun.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Kill()
+	// sleep (pid 1 of its namespace) never reaps the exited `true`.
+	zombie := false
+	for i := 0; i < 200 && !zombie; i++ {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", w.PID, w.PID))
+		for _, c := range strings.Fields(string(b)) {
+			st, _ := os.ReadFile("/proc/" + c + "/stat")
+			if i := strings.LastIndexByte(string(st), ')'); i > 0 && strings.HasPrefix(string(st[i+1:]), " Z") {
+				zombie = true
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !zombie {
+		t.Fatal("no zombie in the tree")
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	if _, err := criurun.Dump(context.Background(), w.PID, img, criurun.DumpOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ranges, err := madvguard.AnonRanges(img)
+	if err != nil {
+		t.Fatalf("ranges of a tree with a zombie: %v", err)
+	}
+	if err := madvguard.Apply(img, ranges); err != nil {
+		t.Fatalf("guard of a tree with a zombie: %v", err)
+	}
+	if ok, err := madvguard.Installed(img); err != nil || !ok {
+		t.Fatalf("Installed after Apply = %v, %v", ok, err)
+	}
+}
