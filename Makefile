@@ -12,7 +12,7 @@ COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-m
 export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
 .PHONY: all help build install uninstall deps images test integration check demo \
-	bench-baseline bench-memfile bench-fork bench-fork-100 bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity \
+	bench-baseline bench-memfile bench-fork bench-fork-100 bench-refork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity \
 	proto proto-check lint clean
 
 all: build
@@ -61,6 +61,9 @@ bench-fork: build ## LazyFork fork vs plain restore through containerd
 
 bench-fork-100: build ## 100 forks of a 256 MiB python container at once (no plain copies: 100 x 278 MB)
 	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/fork -heaps 256 -forks 100 -plain-many-max 0 -out $(CURDIR)/bench/results/fork100
+
+bench-refork: build ## ten successive forks of a running parent, moving onto its memory file vs opt-out (64 MiB..1 GiB)
+	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/refork
 
 bench-snapshotter: ## fork rootfs preparation vs per-fork copy of the upper layer
 	$(GO) run ./bench/snapshotter

@@ -67,6 +67,8 @@ type cliRow struct {
 	PID                     int
 	Procs                   int
 	MemoryBytes             int64
+	MemFile                 bool
+	MemFileBytes            int64
 }
 
 func (e *cliEnv) list(t *testing.T) map[string]cliRow {
@@ -143,6 +145,9 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("create printed %q", id)
 	}
 	before := e.waitTick(t, "counter", 3)
+	if r := e.list(t)["counter"]; r.MemFile || r.MemFileBytes != 0 {
+		t.Errorf("counter on memory files before any fork: %+v", r)
+	}
 
 	// fork --name: twin continues the count from the parent's tick
 	if out := strings.TrimSpace(e.must(t, "fork", "counter", "--name", "twin")); out != "twin" {
@@ -174,11 +179,18 @@ func TestCLI(t *testing.T) {
 	if r := rows[grand]; r.Parent != "twin" || r.Depth != 2 {
 		t.Errorf("grandchild in list: %+v", r)
 	}
+	// The forks run on memory files, and so does the parent once it has
+	// been forked (it moved onto its snapshot's memory file).
+	for _, x := range append(ids, "twin", grand, "counter") {
+		if r := rows[x]; !r.MemFile || r.MemFileBytes < 16<<20 {
+			t.Errorf("list: %s does not show its 16 MiB heap on memory files: %+v", x, r)
+		}
+	}
 	for x, r := range rows {
-		t.Logf("list: %s state=%s depth=%d memory=%d", x, r.State, r.Depth, r.MemoryBytes)
+		t.Logf("list: %s state=%s depth=%d memory=%d memfile=%v (%d bytes)", x, r.State, r.Depth, r.MemoryBytes, r.MemFile, r.MemFileBytes)
 	}
 	table := e.must(t, "list")
-	if !strings.Contains(table, "TOTAL") || !strings.Contains(table, "twin") {
+	if !strings.Contains(table, "TOTAL") || !strings.Contains(table, "twin") || !strings.Contains(table, "MEMFILE") {
 		t.Errorf("list table:\n%s", table)
 	}
 	tree := e.must(t, "tree")

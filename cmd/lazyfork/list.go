@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/memfile"
 )
 
 // row is one container as list, tree and stats show it.
@@ -32,7 +34,14 @@ type row struct {
 	Runtime  string `json:"runtime"`
 	Snapshot string `json:"snapshot,omitempty"` // kept by stop
 	Log      string `json:"log,omitempty"`
-	cgroup   string
+	// MemFile: the container's process maps LazyFork memory files (a fork,
+	// or a parent that moved onto its snapshot's memory); MemFileBytes and
+	// MemFileMappings are the size and count of those mappings of its init
+	// process (/proc/PID/maps).
+	MemFile         bool  `json:"memFile"`
+	MemFileBytes    int64 `json:"memFileBytes"`
+	MemFileMappings int   `json:"memFileMappings"`
+	cgroup          string
 }
 
 func init() {
@@ -63,13 +72,13 @@ func init() {
 				return fmt.Errorf("--format %q: want table or json", format)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tPARENT\tDEPTH\tPID\tPROCS\tMEMORY")
+			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tPARENT\tDEPTH\tPID\tPROCS\tMEMORY\tMEMFILE")
 			for _, r := range rows {
 				pid := "-"
 				if r.PID != 0 {
 					pid = strconv.Itoa(int(r.PID))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.ID, orDash(r.Name), r.State, orDash(r.Parent), r.Depth, pid, r.Procs, human(r.Memory))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", r.ID, orDash(r.Name), r.State, orDash(r.Parent), r.Depth, pid, r.Procs, human(r.Memory), r.memFileCell())
 			}
 			fmt.Fprintf(tw, "TOTAL\t%d containers\t\t\t\t\t%d\t%s\n", len(rows), procs, human(total))
 			return tw.Flush()
@@ -181,7 +190,72 @@ func (a *app) row(ctr containerd.Container) (*row, error) {
 		r.Procs = len(pids)
 	}
 	r.Memory = cgroupMemory(r.cgroup)
+	if u, err := procMemFiles(r.PID); err == nil {
+		r.MemFile, r.MemFileBytes, r.MemFileMappings = u.mappings > 0, u.bytes, u.mappings
+	}
 	return r, nil
+}
+
+// memFileCell is the MEMFILE column: "yes 64.0 MiB", "no", or "-" when the
+// container has no running process (or its maps could not be read).
+func (r *row) memFileCell() string {
+	switch {
+	case r.MemFile:
+		return "yes " + human(r.MemFileBytes)
+	case r.PID != 0:
+		return "no"
+	}
+	return "-"
+}
+
+// memFileUse is what a process maps of LazyFork's memory files.
+type memFileUse struct {
+	bytes    int64 // the mappings' sizes (address space, not resident pages)
+	mappings int
+}
+
+// procMemFiles reads /proc/PID/maps of a container's process (one read): the
+// memory files appear at memfile.MountPath, where the container sees them.
+func procMemFiles(pid uint32) (memFileUse, error) {
+	if pid == 0 {
+		return memFileUse{}, fmt.Errorf("no process: %w", errdefs.ErrNotFound)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return memFileUse{}, err
+	}
+	defer f.Close()
+	return parseMemFileMaps(f)
+}
+
+// parseMemFileMaps sums the mappings of a /proc/PID/maps text whose path lies
+// under memfile.MountPath ("start-end perms offset dev inode path", the path
+// possibly followed by " (deleted)").
+func parseMemFileMaps(r io.Reader) (memFileUse, error) {
+	var u memFileUse
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return u, err
+	}
+	prefix := memfile.MountPath + "/"
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 || !strings.HasPrefix(f[5], prefix) {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || end < start {
+			continue
+		}
+		u.bytes += int64(end - start)
+		u.mappings++
+	}
+	return u, nil
 }
 
 // cgroupMemory reads a cgroup's memory usage: cgroup v1 (memory controller)

@@ -27,6 +27,11 @@ type stats struct {
 	SnapshotBytes int64   `json:"snapshotBytes"`
 	SnapshotPages uint64  `json:"snapshotPages"`
 	RestoreSec    float64 `json:"restoreSeconds"` // task create → running, for a fork
+	// MemFile: runs on memory files (see row); the size and count of its
+	// init process's mappings of them.
+	MemFile         bool  `json:"memFile"`
+	MemFileBytes    int64 `json:"memFileBytes"`
+	MemFileMappings int   `json:"memFileMappings"`
 }
 
 func init() {
@@ -53,7 +58,8 @@ func init() {
 				return err
 			}
 			labels, _ := ctr.Labels(a.ctx)
-			s := stats{ID: r.ID, Name: r.Name, State: r.State, Memory: r.Memory}
+			s := stats{ID: r.ID, Name: r.Name, State: r.State, Memory: r.Memory,
+				MemFile: r.MemFile, MemFileBytes: r.MemFileBytes, MemFileMappings: r.MemFileMappings}
 			if r.PID != 0 {
 				s.RssAnon, s.RssShared = procRss(r.PID)
 			}
@@ -76,10 +82,12 @@ func init() {
 			case asCSV:
 				w := csv.NewWriter(a.out)
 				if header {
-					_ = w.Write([]string{"id", "name", "state", "memory_bytes", "rss_anon_bytes", "rss_shared_bytes", "snapshot_bytes", "snapshot_pages", "restore_seconds"})
+					_ = w.Write([]string{"id", "name", "state", "memory_bytes", "rss_anon_bytes", "rss_shared_bytes", "snapshot_bytes", "snapshot_pages", "restore_seconds",
+						"memfile", "memfile_bytes", "memfile_mappings"})
 				}
 				_ = w.Write([]string{s.ID, s.Name, s.State, itoa(s.Memory), itoa(s.RssAnon), itoa(s.RssShared), itoa(s.SnapshotBytes),
-					strconv.FormatUint(s.SnapshotPages, 10), strconv.FormatFloat(s.RestoreSec, 'f', 4, 64)})
+					strconv.FormatUint(s.SnapshotPages, 10), strconv.FormatFloat(s.RestoreSec, 'f', 4, 64),
+					strconv.FormatBool(s.MemFile), itoa(s.MemFileBytes), strconv.Itoa(s.MemFileMappings)})
 				w.Flush()
 				return w.Error()
 			case format == "json":
@@ -88,6 +96,11 @@ func init() {
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "id:\t%s\nname:\t%s\nstate:\t%s\n", s.ID, orDash(s.Name), s.State)
 			fmt.Fprintf(tw, "memory (cgroup):\t%s\nrss anon:\t%s\nrss shared (memory files):\t%s\n", human(s.Memory), human(s.RssAnon), human(s.RssShared))
+			mf := r.memFileCell()
+			if s.MemFile {
+				mf = fmt.Sprintf("%s mapped (%d mappings)", mf, s.MemFileMappings)
+			}
+			fmt.Fprintf(tw, "memory files:\t%s\n", mf)
 			fmt.Fprintf(tw, "snapshot:\t%s\nsnapshot size:\t%s (%d pages in the image)\n", orDash(s.Snapshot), human(s.SnapshotBytes), s.SnapshotPages)
 			rt := "-"
 			if s.RestoreSec > 0 {

@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	runcopts "github.com/containerd/containerd/api/types/runc/options"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/typeurl/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/bench/internal/ctrbench"
+	lfclient "github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/integration/workloads"
+	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/shim"
+)
+
+const (
+	modeMove = "move" // default: the parent moves onto its snapshot's memory file
+	modeOff  = "off"  // lazyfork.io/rehome=false: today's behaviour
+
+	lazyforkRuntime = "io.containerd.lazyfork.v1"
+	pageSize        = 4096
+)
+
+// writer is the parent: a python process holding HEAP_MIB MiB of non-zero
+// pages (a bytearray) that prints "tick N" ten times a second and, on SIGUSR2,
+// writes one byte into each of PAGES pages it has not written before (spread
+// over the heap) and prints "wrote ...". It speaks counter.py's protocol (ready,
+// tick, wrote), so integration/workloads waits for it.
+const writer = `
+import os, signal, sys, time
+mib, npw = int(sys.argv[1]), int(sys.argv[2])
+pending = []
+signal.signal(signal.SIGUSR2, lambda s, f: pending.append(s))
+signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))
+P = 4096
+heap = bytearray(mib << 20)
+chunk = bytes(range(1, 256)) * 4112
+chunk = chunk[:1 << 20]
+for off in range(0, len(heap), 1 << 20):
+    heap[off:off + (1 << 20)] = chunk
+npages = len(heap) // P
+print("ready heap_mib=%d pages=%d pid=%d" % (mib, npages, os.getpid()), flush=True)
+w = 0
+k = 0
+t = 0
+while True:
+    while pending:
+        pending.pop()
+        w += 1
+        for _ in range(npw):
+            k += 1
+            i = (k * 7919) % npages
+            heap[i * P + 8] = (heap[i * P + 8] + 1) & 255
+        print("wrote writes=%d pages=%d" % (w, npw), flush=True)
+    t += 1
+    print("tick %d" % t, flush=True)
+    time.sleep(0.1)
+`
+
+func writerArgs(heapMiB, pages int) []string {
+	return []string{"python3", "-c", writer, strconv.Itoa(heapMiB), strconv.Itoa(pages)}
+}
+
+type bench struct {
+	cfg      config
+	env      *ctrbench.Env
+	h        *harness.Containerd
+	root     string // LAZYFORK_ROOT (the shim mounts a tmpfs there)
+	plainDir string // a tmpfs for the plain runc checkpoints
+	lf       *lfclient.Client
+	r        *results
+	seq      int
+}
+
+func newBench(bin string, cfg config) (_ *bench, retErr error) {
+	root, err := os.MkdirTemp("/tmp", "lfb-")
+	if err != nil {
+		return nil, err
+	}
+	b := &bench{cfg: cfg, root: root, r: &results{plain: map[int][]plainRun{}}}
+	defer func() {
+		if retErr != nil {
+			b.close()
+		}
+	}()
+	if b.plainDir, err = os.MkdirTemp("/tmp", "lfb-plain-"); err != nil {
+		return nil, err
+	}
+	if err := memfile.EnsureTmpfs(b.plainDir, 0); err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	b.env, err = ctrbench.Setup(ctx, harness.Options{BinDirs: []string{bin}, Env: []string{"LAZYFORK_ROOT=" + root}}, "")
+	if err != nil {
+		return nil, err
+	}
+	b.h = b.env.H
+	b.lf = lfclient.New(b.h.Client(), lfclient.WithRoot(root))
+	return b, nil
+}
+
+func (b *bench) close() {
+	if b.env != nil {
+		if err := b.env.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-refork: teardown:", err)
+		}
+	}
+	for _, d := range []string{b.root, b.plainDir} {
+		if d != "" {
+			_ = unix.Unmount(d, unix.MNT_DETACH)
+			os.RemoveAll(d)
+		}
+	}
+}
+
+func (b *bench) id(prefix string) string {
+	b.seq++
+	return fmt.Sprintf("%s-%d", prefix, b.seq)
+}
+
+func (b *bench) logIO() lfclient.ForkOpt {
+	return lfclient.WithIO(func(id string) cio.Creator { return cio.LogFile(b.h.TaskLogPath(id)) })
+}
+
+// start starts a writer container holding heapMiB on runtime, filled and ticking.
+func (b *bench) start(ctx context.Context, id, runtime string, heapMiB int, annotations map[string]string) (*ctrbench.Counter, error) {
+	ctx, cancel := context.WithTimeout(ctx, 6*time.Minute)
+	defer cancel()
+	cfg := harness.ContainerConfig{Runtime: runtime, Args: writerArgs(heapMiB, b.cfg.writePages)}
+	if len(annotations) > 0 {
+		cfg.SpecOpts = []oci.SpecOpts{oci.WithAnnotations(annotations)}
+	}
+	return b.env.StartCounter(ctx, id, heapMiB, cfg)
+}
+
+// remove deletes tasks and containers (with snapshots), a few at a time,
+// ignoring what is gone.
+func (b *bench) remove(ctx context.Context, ctrs ...containerd.Container) {
+	ctx = b.h.Context(ctx)
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for _, c := range ctrs {
+		if c == nil {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if t, err := c.Task(ctx, nil); err == nil {
+				_, _ = t.Delete(ctx, containerd.WithProcessKill)
+			}
+			_ = c.Delete(ctx, containerd.WithSnapshotCleanup)
+		}()
+	}
+	wg.Wait()
+}
+
+// cgroupPath is a container's linux.cgroupsPath (forks are not made by the
+// harness, so it comes from the spec).
+func (b *bench) cgroupPath(ctx context.Context, ctr containerd.Container) (string, error) {
+	spec, err := ctr.Spec(b.h.Context(ctx))
+	if err != nil {
+		return "", err
+	}
+	return spec.Linux.CgroupsPath, nil
+}
+
+// plain times runs leave-running checkpoints of an identical container under
+// runc (pause -> checkpoint -> resume, as bench/fork's plain side), into a tmpfs
+// like LazyFork's snapshots.
+func (b *bench) plain(ctx context.Context, heapMiB int) error {
+	ctx = b.h.Context(ctx)
+	parent, err := b.start(ctx, b.id(fmt.Sprintf("pl%d", heapMiB)), harness.RuncRuntime, heapMiB, nil)
+	if parent != nil {
+		defer b.remove(context.WithoutCancel(ctx), parent.Container)
+	}
+	if err != nil {
+		return err
+	}
+	for i := 0; i < b.cfg.plainRuns; i++ {
+		dir, err := os.MkdirTemp(b.plainDir, "ckpt-")
+		if err != nil {
+			return err
+		}
+		opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: dir})
+		if err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if err := parent.Task.Pause(ctx); err != nil {
+			return err
+		}
+		_, cerr := b.h.Client().TaskService().Checkpoint(ctx, &tasksapi.CheckpointTaskRequest{ContainerID: parent.ID, Options: opts})
+		rerr := parent.Task.Resume(ctx)
+		paused := time.Since(t0)
+		if err := errors.Join(cerr, rerr); err != nil {
+			os.RemoveAll(dir)
+			return err
+		}
+		total, _, _ := ctrbench.ImageSize(dir)
+		os.RemoveAll(dir)
+		b.r.plain[heapMiB] = append(b.r.plain[heapMiB], plainRun{paused, total})
+		if _, err := workloads.Write(ctx, parent.Task, parent.Log); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// series runs cfg.calls successive one-fork calls on one parent in mode, the
+// parent writing cfg.writePages pages between calls, then (for the total
+// heaps) cfg.totalForks forks at once; it frees everything before returning.
+func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
+	ctx = b.h.Context(ctx)
+	var ann map[string]string
+	if mode == modeOff {
+		ann = map[string]string{shim.AnnotationRehome: "false"}
+	}
+	parent, err := b.start(ctx, b.id(fmt.Sprintf("%s%d", mode, heapMiB)), lazyforkRuntime, heapMiB, ann)
+	var made []containerd.Container
+	defer func() { b.remove(context.WithoutCancel(ctx), made...) }()
+	if parent != nil {
+		made = append(made, parent.Container)
+	}
+	if err != nil {
+		return err
+	}
+	pcg, err := b.cgroupPath(ctx, parent.Container)
+	if err != nil {
+		return err
+	}
+	pid := int(parent.Task.Pid())
+	memDir := filepath.Join(b.root, "mem")
+	before := parentMem(pcg, pid)
+	b.r.calls = append(b.r.calls, call{heap: heapMiB, mode: mode, index: 0, parent: before})
+
+	var snaps []string
+	var family string
+	defer func() {
+		for _, s := range snaps {
+			_ = b.lf.RemoveSnapshot(context.WithoutCancel(ctx), s)
+		}
+	}()
+	for i := 1; i <= b.cfg.calls; i++ {
+		c := call{heap: heapMiB, mode: mode, index: i}
+		if i > 1 {
+			if _, err := workloads.Write(ctx, parent.Task, parent.Log); err != nil {
+				return fmt.Errorf("write before call %d: %w", i, err)
+			}
+			c.written = int64(b.cfg.writePages) * pageSize
+		}
+		moves0 := b.moves(parent.ID)
+		du0 := tmpfsBytes(memDir)
+		t0 := time.Now()
+		res, err := b.lf.Fork(ctx, parent.ID, 1, lfclient.KeepSnapshot(), b.logIO())
+		c.wall = time.Since(t0)
+		if err != nil {
+			return fmt.Errorf("call %d: %w", i, err)
+		}
+		family = res.Family
+		made = append(made, res.Forks[0].Container)
+		c.tmpfsAdded = tmpfsBytes(memDir) - du0
+		c.paused, c.checkpoint, c.restore = res.Paused, res.Checkpoint, res.Forks[0].Restore
+		c.image, c.imagePages, _ = ctrbench.ImageSize(res.Snapshot)
+		if err := b.lf.RemoveSnapshot(ctx, res.Snapshot); err != nil {
+			snaps = append(snaps, res.Snapshot)
+		}
+		if ms := b.moves(parent.ID); len(ms) > len(moves0) {
+			c.moved = ms[len(ms)-1]
+		}
+		c.parent = parentMem(pcg, pid)
+		if !b.cfg.keepForks {
+			b.remove(ctx, res.Forks[0].Container)
+			made = made[:len(made)-1]
+		}
+		b.r.calls = append(b.r.calls, c)
+		fmt.Fprintf(os.Stderr, "  call %2d: paused %7.1f ms  wall %7.1f ms  tmpfs +%8.2f MB  image %8.2f MB  parent cgroup %7.2f MB anon %7.2f MB  moved %.2f MB in %v\n",
+			i, c.paused.Seconds()*1000, c.wall.Seconds()*1000, float64(c.tmpfsAdded)/1e6, float64(c.image)/1e6,
+			float64(c.parent.cgroup)/1e6, float64(c.parent.rssAnon)/1e6, float64(c.moved.bytes)/1e6, c.moved.dur)
+	}
+	if !slices.Contains(b.cfg.totalHeaps, heapMiB) || b.cfg.totalForks < 1 {
+		return nil
+	}
+
+	// Parent + totalForks forks at once: what they cost the host in all.
+	t := total{heap: heapMiB, mode: mode, forks: b.cfg.totalForks, family: family}
+	t0 := time.Now()
+	res, err := b.lf.Fork(ctx, parent.ID, b.cfg.totalForks)
+	t.wall = time.Since(t0)
+	if res != nil {
+		for _, f := range res.Forks {
+			made = append(made, f.Container)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%d forks at once: %w", b.cfg.totalForks, err)
+	}
+	t.paused = res.Paused
+	time.Sleep(2 * time.Second) // let the forks tick a few times
+	t.parent = parentMem(pcg, pid)
+	for _, f := range res.Forks {
+		p, err := b.cgroupPath(ctx, f.Container)
+		if err != nil {
+			return err
+		}
+		m := cgroupMem(p)
+		t.forksCgroup += m.cgroup
+		t.forksShmem += m.shmem
+	}
+	t.tmpfs = tmpfsBytes(memDir)
+	t.nShims, _, _ = b.env.ShimMemory()
+	_, sm, _ := b.env.ShimMemory()
+	t.shimPss = sm.Pss
+	b.r.totals = append(b.r.totals, t)
+	fmt.Fprintf(os.Stderr, "  %d forks: parent %.1f MB + forks %.1f MB + tmpfs %.1f MB + shims %.1f MB = %.1f MB (shmem charged to these cgroups %.1f MB)\n",
+		t.forks, float64(t.parent.cgroup)/1e6, float64(t.forksCgroup)/1e6, float64(t.tmpfs)/1e6, float64(t.shimPss)/1e6,
+		float64(t.sum())/1e6, float64(t.parent.shmem+t.forksShmem)/1e6)
+	return nil
+}
+
+var moveRE = regexp.MustCompile(`bytes=(\d+) .*duration=("?)([0-9.]+[a-zµ]+)`)
+
+// moves lists the shim's "moved onto memory file" log lines for container id.
+func (b *bench) moves(id string) []move {
+	var out []move
+	for _, l := range strings.Split(b.h.Log(), "\n") {
+		if !strings.Contains(l, "moved onto memory file") || !strings.Contains(l, "id="+id+" ") {
+			continue
+		}
+		m := moveRE.FindStringSubmatch(l)
+		if m == nil {
+			out = append(out, move{})
+			continue
+		}
+		n, _ := strconv.ParseInt(m[1], 10, 64)
+		d, _ := time.ParseDuration(m[3])
+		out = append(out, move{n, d})
+	}
+	return out
+}
+
+// tmpfsBytes is what the files under dir occupy (st_blocks*512, each inode
+// once), leaving out directories whose names start with a dot (.views holds
+// links to the families' files, .state their records).
+func tmpfsBytes(dir string) int64 {
+	var n int64
+	seen := map[uint64]bool{}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() {
+			if p != dir && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil && !seen[st.Ino] {
+			seen[st.Ino] = true
+			n += st.Blocks * 512
+		}
+		return nil
+	})
+	return n
+}
+
+// parentMem reads the parent's cgroup figures and its process's RssAnon.
+func parentMem(cgroupsPath string, pid int) memSample {
+	m := cgroupMem(cgroupsPath)
+	if pm, err := ctrbench.ReadProcMemory(pid); err == nil {
+		m.rssAnon = pm.RssAnon
+	}
+	return m
+}
+
+// cgroupMem reads a cgroup's usage and, from memory.stat, its anonymous and
+// shmem (tmpfs: memory files charged to it) bytes; cgroup v1 or v2.
+func cgroupMem(p string) memSample {
+	var m memSample
+	m.cgroup, _ = harness.MemoryUsage(p)
+	for _, f := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", p, "memory.stat"),
+		filepath.Join("/sys/fs/cgroup", p, "memory.stat"),
+	} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			k, v, ok := strings.Cut(l, " ")
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				continue
+			}
+			switch k {
+			case "rss", "anon": // v1, v2
+				m.anon = n
+			case "shmem":
+				m.shmem = n
+			}
+		}
+		break
+	}
+	return m
+}
