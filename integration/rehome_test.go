@@ -151,6 +151,17 @@ func TestRehome(t *testing.T) {
 		if v := f.signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
 			t.Errorf("fork %d: %q, want %q", i+1, v, want)
 		}
+		// What the parent wrote since its last move moved too: neither it
+		// nor its fork holds it privately.
+		anon := statusKB(t, pid, "RssAnon")
+		fmem := memoryUsage(t, ctx, res.Forks[0].Container)
+		t.Logf("fork %d: parent RssAnon %d kB, fork's cgroup %d kB", i+1, anon, fmem>>10)
+		if anon > 2<<10 {
+			t.Errorf("parent holds %d kB privately after its fork %d", anon, i+1)
+		}
+		if fmem > 3<<20 {
+			t.Errorf("fork %d holds %d kB: it restored the parent's writes as private memory", i+1, fmem>>10)
+		}
 	}
 	if v := parent.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=4" {
 		t.Errorf("parent at the end: %q", v)

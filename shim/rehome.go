@@ -129,7 +129,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	res.File = pf.Name()
 	reply, err := s.runRehomeHelper(ctx, initPID, rehomeRequest{
 		Freezer: freezer, Pids: pids, HostFile: pf.Path(), Inside: filepath.Join(memfile.MountPath, pf.Name()),
-		Guard: guard, Mode: int(mode), Chunk: chunk,
+		Guard: guard, Mode: int(mode), Chunk: chunk, MemDir: memfile.MountPath,
 	})
 	if err != nil {
 		// The container must be as its pauser left it: frozen.
@@ -167,6 +167,7 @@ type rehomeRequest struct {
 	Guard    bool   `json:"guard"`    // install the madvise guard on what moved
 	Mode     int    `json:"mode"`     // madvguard.Mode of the guard
 	Chunk    uint64 `json:"chunk"`    // bytes copied and mapped at a time
+	MemDir   string `json:"memDir"`   // where the processes see memory files
 }
 
 // rehomeReply is the helper's answer (JSON on stdout).
@@ -241,7 +242,9 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 	}()
 	slot := 0
 	for _, pid := range req.Pids {
-		vmas, err := rehome.Plan(pid)
+		// Written pages inside mappings of memory files are planned too:
+		// after a move, nothing the processes wrote stays private.
+		vmas, err := rehome.PlanWith(pid, rehome.PlanOptions{MemDir: req.MemDir})
 		if err != nil {
 			errs = append(errs, err)
 			return reply

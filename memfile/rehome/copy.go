@@ -17,10 +17,11 @@ import (
 
 // pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
 const (
-	pmPresent = 1 << 63
-	pmSwapped = 1 << 62
-	pmGuard   = 1 << 58 // a guard region installed with MADV_GUARD_INSTALL
-	pmPFN     = 1<<55 - 1
+	pmPresent  = 1 << 63
+	pmSwapped  = 1 << 62
+	pmFilePage = 1 << 61 // file page or shared anonymous: not a private copy
+	pmGuard    = 1 << 58 // a guard region installed with MADV_GUARD_INSTALL
+	pmPFN      = 1<<55 - 1
 )
 
 // copyChunk bounds the bytes read from the target at once.

@@ -3,9 +3,11 @@ package rehome
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -61,7 +63,29 @@ var skipFlags = map[string]bool{
 // file, or [heap], or a named [anon:...] region), holds pages, and has none
 // of the VmFlags listed in skipFlags. The process must stay stopped from
 // Plan until Remap returns.
-func Plan(pid int) ([]VMA, error) {
+func Plan(pid int) ([]VMA, error) { return PlanWith(pid, PlanOptions{}) }
+
+// PlanOptions extends Plan.
+type PlanOptions struct {
+	// MemDir is where the process sees memory files (e.g. /.lazyfork/mem).
+	// When set, the pages the process wrote since it was moved (its own
+	// copies inside private mappings of memory files) are planned too, as
+	// patches: Whole VMAs covering runs of written pages, which a move maps
+	// from the new file. The process then holds none of them privately, and
+	// its next dump holds only what it writes after this move.
+	MemDir string
+}
+
+// Patch limits: runs of written pages closer than patchGap pages are one
+// patch (the clean pages between are copied too), and a mapping gets at most
+// maxPatches patches per move, so its VMAs stay few.
+const (
+	patchGap   = 16
+	maxPatches = 8
+)
+
+// PlanWith is Plan with options.
+func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
 		return nil, fmt.Errorf("rehome: process %d: %w", pid, errdefs.ErrNotFound)
@@ -75,14 +99,16 @@ func Plan(pid int) ([]VMA, error) {
 	var cur VMA
 	var ok bool // cur qualifies so far
 	var kb, anonKB uint64
+	var patchable bool // cur maps a memory file privately
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		l := sc.Bytes()
 		if rest, found := bytes.CutPrefix(l, []byte("VmFlags:")); found {
+			skip := false
 			for _, fl := range bytes.Fields(rest) {
 				if skipFlags[string(fl)] {
-					ok = false
+					ok, skip = false, true
 				}
 				if string(fl) == "nr" {
 					cur.Flags |= unix.MAP_NORESERVE
@@ -90,6 +116,16 @@ func Plan(pid int) ([]VMA, error) {
 			}
 			if cur.Whole && anonKB == 0 {
 				ok = false // clean .data: the file has its bytes already
+			}
+			if patchable && anonKB > 0 && !skip {
+				ps, err := patches(pid, cur)
+				if err != nil {
+					return nil, err
+				}
+				for _, p := range ps {
+					p.Slot = len(out)
+					out = append(out, p)
+				}
 			}
 			if ok && kb > 0 {
 				cur.Pages = kb * 1024 / pageSize
@@ -115,8 +151,12 @@ func Plan(pid int) ([]VMA, error) {
 			continue
 		}
 		if v, good, isHeader := parseHeader(l); isHeader {
-			cur, ok, kb, anonKB = v, good, 0, 0
-			if !good && dataMapping(l, execFiles) {
+			cur, ok, kb, anonKB, patchable = v, good, 0, 0, false
+			switch {
+			case good:
+			case opts.MemDir != "" && memFileMapping(l, opts.MemDir):
+				patchable = true
+			case dataMapping(l, execFiles):
 				cur.Whole, ok = true, true
 			}
 		}
@@ -152,6 +192,72 @@ func dataMapping(l []byte, execFiles map[string]bool) bool {
 		return false
 	}
 	return execFiles[string(fs[3])+" "+string(fs[4])]
+}
+
+// memFileMapping reports whether a maps line is a private mapping of a file
+// under dir.
+func memFileMapping(l []byte, dir string) bool {
+	fs := bytes.Fields(l)
+	return len(fs) >= 6 && len(fs[1]) == 4 && fs[1][3] == 'p' &&
+		bytes.HasPrefix(fs[5], []byte(strings.TrimSuffix(dir, "/")+"/"))
+}
+
+// patches finds the runs of pages v's process wrote inside v, a private
+// mapping of a memory file (anonymous copies: present without the file-page
+// bit, or swapped), joins runs closer than patchGap pages, and then the
+// closest ones until there are at most maxPatches.
+func patches(pid int, v VMA) ([]VMA, error) {
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return nil, fmt.Errorf("rehome: process %d: pagemap: %w", pid, err)
+	}
+	defer pm.Close()
+	n := v.Len() / pageSize
+	buf := make([]byte, 8*min(n, 1<<16))
+	var runs [][2]uint64 // page indexes [first, end)
+	for i := uint64(0); i < n; {
+		k := min(n-i, uint64(len(buf)/8))
+		b := buf[:k*8]
+		if _, err := pm.ReadAt(b, int64((v.Start/pageSize+i)*8)); err != nil {
+			return nil, fmt.Errorf("rehome: process %d: pagemap of %v: %w", pid, v, err)
+		}
+		for j := uint64(0); j < k; j++ {
+			e := binary.LittleEndian.Uint64(b[j*8:])
+			if e&pmGuard != 0 {
+				return nil, nil // guard pages: leave the mapping alone
+			}
+			written := e&pmSwapped != 0 || e&pmPresent != 0 && e&pmFilePage == 0
+			if !written {
+				continue
+			}
+			page := i + j
+			if len(runs) > 0 && page-runs[len(runs)-1][1] < patchGap {
+				runs[len(runs)-1][1] = page + 1
+			} else {
+				runs = append(runs, [2]uint64{page, page + 1})
+			}
+		}
+		i += k
+	}
+	for len(runs) > maxPatches {
+		// Join the two runs with the smallest gap.
+		best := 1
+		for r := 2; r < len(runs); r++ {
+			if runs[r][0]-runs[r-1][1] < runs[best][0]-runs[best-1][1] {
+				best = r
+			}
+		}
+		runs[best-1][1] = runs[best][1]
+		runs = append(runs[:best], runs[best+1:]...)
+	}
+	out := make([]VMA, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, VMA{
+			Start: v.Start + r[0]*pageSize, End: v.Start + r[1]*pageSize,
+			Prot: v.Prot, Flags: v.Flags, Pages: r[1] - r[0], Name: v.Name, Whole: true,
+		})
+	}
+	return out, nil
 }
 
 func parseKB(b []byte) uint64 {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -799,15 +800,18 @@ func checkVMAs(pid int, vmas []VMA) error {
 	if err != nil {
 		return fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
 	}
-	cur := map[[2]uint64]VMA{}
+	var cur []VMA
 	for l := range bytes.SplitSeq(b, []byte("\n")) {
 		if v, _, ok := parseHeader(l); ok {
-			cur[[2]uint64{v.Start, v.End}] = v
+			cur = append(cur, v)
 		}
 	}
 	for _, v := range vmas {
-		c, ok := cur[[2]uint64{v.Start, v.End}]
-		if !ok || c.Prot != v.Prot {
+		// A patch is a part of a mapping; any other VMA a whole one.
+		found := slices.ContainsFunc(cur, func(c VMA) bool {
+			return c.Prot == v.Prot && c.Start <= v.Start && v.End <= c.End && (v.Whole || c.Start == v.Start && c.End == v.End)
+		})
+		if !found {
 			return fmt.Errorf("rehome: process %d: VMA %v changed since it was planned (was the process running?): %w", pid, v, errdefs.ErrFailedPrecondition)
 		}
 	}
