@@ -29,9 +29,14 @@ type FamilyInfo struct {
 	Bytes int64
 	// Holders are the containers and snapshots that pin files, with the files.
 	Holders map[string][]string
-	// MemoryCgroup is the memory cgroup the files are charged to: that of the
-	// shim process that wrote them ("" if no checkpoint was rewritten yet).
+	// MemoryCgroup is the memory cgroup of the family's shim, which the
+	// files its checkpoint rewrites wrote are charged to ("" if no
+	// checkpoint was rewritten yet).
 	MemoryCgroup string
+	// ChargedTo is the memory cgroup each file is charged to, where it was
+	// recorded: a rewrite's to its shim, a moved container's to the
+	// container.
+	ChargedTo map[string]string
 }
 
 // Families reports every family in LazyFork's memory store, by name.
@@ -67,6 +72,14 @@ func (c *Client) Families() ([]FamilyInfo, error) {
 		}
 		if h, err := store.Holders(e.Name()); err == nil {
 			fi.Holders = h
+		}
+		if ch, err := store.Charges(e.Name()); err == nil {
+			fi.ChargedTo = map[string]string{}
+			for f, cg := range ch {
+				if _, ok := fi.Files[f]; ok {
+					fi.ChargedTo[f] = cg
+				}
+			}
 		}
 		if b, err := os.ReadFile(filepath.Join(c.root, "families", e.Name()+".json")); err == nil {
 			var rec familyRecord

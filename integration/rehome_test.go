@@ -240,6 +240,24 @@ func TestRehomeMemoryLimit(t *testing.T) {
 	if v := fits.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
 		t.Errorf("parent after the move: %q", v)
 	}
+	// lazyfork mem (client.Families) says so.
+	spec, err := fitsCtr.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams, err := lf.Families()
+	if err != nil {
+		t.Fatal(err)
+	}
+	charged := false
+	for _, f := range fams {
+		for _, cg := range f.ChargedTo {
+			charged = charged || cg == spec.Linux.CgroupsPath
+		}
+	}
+	if !charged {
+		t.Errorf("no memory file recorded as charged to the parent's cgroup %s: %+v", spec.Linux.CgroupsPath, fams)
+	}
 
 	full := e.startCounter(t, ctx, img, "full-"+lfRandom(3), 64)
 	fullCtr, err := e.Client().LoadContainer(ctx, full.id)

@@ -75,6 +75,8 @@ type Result struct {
 	PagesWiped   uint64   // pages dropped from wipe-on-fork VMAs (RewriteOptions.WipeOnFork)
 	Rebased      bool
 	Duration     time.Duration
+	// NewFile is the memory file the rewrite wrote ("" if it wrote none).
+	NewFile string
 }
 
 // Rewrite turns the CRIU dump in imageDir into a LazyFork snapshot: every
@@ -142,6 +144,9 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 	res = &Result{
 		Files: rw.info.Files, PagesMoved: rw.moved, PagesKept: rw.info.KeptPages, PagesWiped: rw.wiped,
 		BytesWritten: rw.cp.written + rw.parWritten - rw.stagedBytes, Rebased: rw.rebase, Duration: time.Since(start),
+	}
+	if rw.mem != nil {
+		res.NewFile = rw.memName
 	}
 	log.G(ctx).WithField("image", imageDir).WithField("family", opts.Family).
 		WithField("moved", res.PagesMoved).WithField("kept", res.PagesKept).

@@ -431,6 +431,7 @@ func (s *Store) gcLocked(ctx context.Context, family string) ([]string, error) {
 		}
 		log.G(ctx).WithField("family", family).WithField("file", name).Debug("memfile: freed")
 		freed = append(freed, name)
+		os.Remove(s.chargePath(family, name))
 	}
 	slices.Sort(freed)
 	return freed, s.dropIfEmptyLocked(ctx, family, holders)

@@ -127,10 +127,16 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	}
 	linked = true
 	res.File = pf.Name()
-	reply, err := s.runRehomeHelper(ctx, initPID, rehomeRequest{
+	req := rehomeRequest{
 		Freezer: freezer, Pids: pids, HostFile: pf.Path(), Inside: filepath.Join(memfile.MountPath, pf.Name()),
 		Guard: guard, Mode: int(mode), Chunk: chunk, MemDir: memfile.MountPath,
-	})
+	}
+	reply, err := s.runRehomeHelper(ctx, initPID, &req)
+	if req.ChargedTo != "" {
+		if err := store.SetCharge(st.Family, pf.Name(), req.ChargedTo); err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: record where a moved file is charged")
+		}
+	}
 	if err != nil {
 		// The container must be as its pauser left it: frozen.
 		if ferr := freeze(freezer); ferr != nil {
@@ -168,6 +174,9 @@ type rehomeRequest struct {
 	Mode     int    `json:"mode"`     // madvguard.Mode of the guard
 	Chunk    uint64 `json:"chunk"`    // bytes copied and mapped at a time
 	MemDir   string `json:"memDir"`   // where the processes see memory files
+	// ChargedTo is the memory cgroup the helper writes the file from (the
+	// container's, unless it could not join it): not sent, for the record.
+	ChargedTo string `json:"-"`
 }
 
 // rehomeReply is the helper's answer (JSON on stdout).
@@ -180,7 +189,7 @@ type rehomeReply struct {
 
 // runRehomeHelper runs the helper through containerd's reaper, inside the
 // container's memory cgroup, and returns its reply.
-func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req rehomeRequest) (*rehomeReply, error) {
+func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *rehomeRequest) (*rehomeReply, error) {
 	cmd := exec.Command(s.self, HookArg, "rehome")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -195,7 +204,8 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req rehomeRe
 	if err := joinMemoryCgroup(initPID, cmd.Process.Pid); err != nil {
 		log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the file is charged to the shim)")
 	}
-	werr := json.NewEncoder(stdin).Encode(&req)
+	req.ChargedTo = memoryCgroupOf(cmd.Process.Pid)
+	werr := json.NewEncoder(stdin).Encode(req)
 	stdin.Close()
 	code, err := reaper.Default.Wait(cmd, ec)
 	if werr != nil || err != nil || code != 0 {
@@ -362,6 +372,19 @@ func memoryCgroupDir(pid int) (string, error) {
 		return "", fmt.Errorf("process %d has no memory cgroup: %w", pid, errdefs.ErrNotFound)
 	}
 	return dir, nil
+}
+
+// memoryCgroupOf is the path of process pid's memory cgroup ("" if unknown).
+func memoryCgroupOf(pid int) string {
+	dir, err := memoryCgroupDir(pid)
+	if err != nil {
+		return ""
+	}
+	if rel, err := filepath.Rel(filepath.Join(cgroupRoot, "memory"), dir); err == nil && !strings.HasPrefix(rel, "..") {
+		return "/" + rel
+	}
+	rel, _ := filepath.Rel(cgroupRoot, dir)
+	return "/" + rel
 }
 
 // joinMemoryCgroup moves process pid into the memory cgroup of process of

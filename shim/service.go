@@ -607,6 +607,11 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err := recordCharge(s.cfg.Root, st.Family); err != nil {
 		log.G(ctx).WithError(err).Warn("lazyfork: record family")
 	}
+	if res.NewFile != "" {
+		if err := store.SetCharge(st.Family, res.NewFile, selfMemoryCgroup()); err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: record where a memory file is charged")
+		}
+	}
 	log.G(ctx).WithFields(log.Fields{
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,

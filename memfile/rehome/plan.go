@@ -3,9 +3,11 @@ package rehome
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -77,11 +79,15 @@ type PlanOptions struct {
 }
 
 // Patch limits: runs of written pages closer than patchGap pages are one
-// patch (the clean pages between are copied too), and a mapping gets at most
-// maxPatches patches per move, so its VMAs stay few.
+// patch (the clean pages between are copied too, which is cheap). Each patch
+// splits its mapping, so a mapping gets at most maxPatches per move (its
+// largest runs; the rest stay in the next dump as a delta and are tried at
+// the next move), and a process holding maxMappings mappings or more gets
+// none: CRIU opens a file per mapping at each restore.
 const (
-	patchGap   = 16
-	maxPatches = 8
+	patchGap    = 16
+	maxPatches  = 128
+	maxMappings = 8192
 )
 
 // PlanWith is Plan with options.
@@ -91,9 +97,12 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 		return nil, fmt.Errorf("rehome: process %d: %w", pid, errdefs.ErrNotFound)
 	}
 	defer f.Close()
-	execFiles, err := executableFiles(pid)
+	execFiles, mappings, err := executableFiles(pid)
 	if err != nil {
 		return nil, err
+	}
+	if mappings >= maxMappings {
+		opts.MemDir = "" // no more splits: written pages stay a delta
 	}
 	var out []VMA
 	var cur VMA
@@ -168,20 +177,24 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 }
 
 // executableFiles are the (device, inode) of the files process pid maps
-// executable: a program and its libraries.
-func executableFiles(pid int) (map[string]bool, error) {
+// executable (a program and its libraries), and how many mappings it has.
+func executableFiles(pid int) (map[string]bool, int, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
-		return nil, fmt.Errorf("rehome: process %d: %w", pid, errdefs.ErrNotFound)
+		return nil, 0, fmt.Errorf("rehome: process %d: %w", pid, errdefs.ErrNotFound)
 	}
 	out := map[string]bool{}
+	n := 0
 	for l := range bytes.SplitSeq(b, []byte("\n")) {
 		fs := bytes.Fields(l)
+		if len(fs) >= 5 {
+			n++
+		}
 		if len(fs) >= 6 && len(fs[1]) == 4 && fs[1][2] == 'x' && string(fs[4]) != "0" {
 			out[string(fs[3])+" "+string(fs[4])] = true
 		}
 	}
-	return out, nil
+	return out, n, nil
 }
 
 // dataMapping reports whether a maps line is a program's or library's .data:
@@ -239,16 +252,12 @@ func patches(pid int, v VMA) ([]VMA, error) {
 		}
 		i += k
 	}
-	for len(runs) > maxPatches {
-		// Join the two runs with the smallest gap.
-		best := 1
-		for r := 2; r < len(runs); r++ {
-			if runs[r][0]-runs[r-1][1] < runs[best][0]-runs[best-1][1] {
-				best = r
-			}
-		}
-		runs[best-1][1] = runs[best][1]
-		runs = append(runs[:best], runs[best+1:]...)
+	if len(runs) > maxPatches {
+		// The largest runs; joining distant ones would copy the clean
+		// pages between them, the whole mapping in the worst case.
+		slices.SortFunc(runs, func(a, b [2]uint64) int { return cmp.Compare(b[1]-b[0], a[1]-a[0]) })
+		runs = runs[:maxPatches]
+		slices.SortFunc(runs, func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
 	}
 	out := make([]VMA, 0, len(runs))
 	for _, r := range runs {
