@@ -15,7 +15,7 @@ import (
 // running container onto a file of its family (package rehome). Like a
 // rewrite's file it is written under a flocked .tmp- name, so GC removes it
 // if its writer dies, and Commit gives it its final name, seals it and
-// records its holder in one step under the family lock.
+// records its holder.
 type PendingFile struct {
 	store  *Store
 	family string
@@ -61,35 +61,19 @@ func (p *PendingFile) File() *os.File { return p.f }
 // Name is the file's final base name in the family directory.
 func (p *PendingFile) Name() string { return p.name }
 
-// Commit gives the file its final name, seals it (immutable from now on) and
-// records that holder pins it. On error the file is removed.
-func (p *PendingFile) Commit(holder string) (retErr error) {
-	if p.done {
-		return fmt.Errorf("memory file %s: already committed or aborted: %w", p.name, errdefs.ErrFailedPrecondition)
-	}
-	defer func() {
-		if retErr != nil {
-			p.Abort()
-		}
-	}()
-	unlock, err := p.store.lockFamily(p.family)
-	if err != nil {
+// Commit publishes the file for holder and seals it: written once, and
+// immutable from now on. On error the file goes.
+func (p *PendingFile) Commit(holder string) error {
+	if err := p.Publish(holder); err != nil {
+		p.Abort()
 		return err
 	}
-	defer unlock()
-	final := filepath.Join(filepath.Dir(p.path), p.name)
-	if err := os.Rename(p.path, final); err != nil {
+	if err := p.Seal(); err != nil {
+		p.done = false
+		p.Abort()
 		return err
 	}
-	p.path = final
-	if err := setImmutable(int(p.f.Fd()), final, true); err != nil {
-		return err
-	}
-	if err := p.store.refLocked(p.family, holder, []string{p.name}); err != nil {
-		return err
-	}
-	p.done = true
-	return p.f.Close()
+	return nil
 }
 
 // Publish gives the file its final name and records that holder pins it,
