@@ -292,8 +292,8 @@ func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 			made = made[:len(made)-1]
 		}
 		b.r.calls = append(b.r.calls, c)
-		fmt.Fprintf(os.Stderr, "  call %2d: paused %7.1f ms  wall %7.1f ms  tmpfs +%8.2f MB  image %8.2f MB  parent cgroup %7.2f MB anon %7.2f MB  moved %.2f MB in %v\n",
-			i, c.paused.Seconds()*1000, c.wall.Seconds()*1000, float64(c.tmpfsAdded)/1e6, float64(c.image)/1e6,
+		fmt.Fprintf(os.Stderr, "  call %2d: paused %7.1f ms  wall %7.1f ms (checkpoint %.0f, restore %.0f)  tmpfs +%8.2f MB  image %8.2f MB  parent cgroup %7.2f MB anon %7.2f MB  moved %.2f MB in %v\n",
+			i, c.paused.Seconds()*1000, c.wall.Seconds()*1000, c.checkpoint.Seconds()*1000, c.restore.Seconds()*1000, float64(c.tmpfsAdded)/1e6, float64(c.image)/1e6,
 			float64(c.parent.cgroup)/1e6, float64(c.parent.rssAnon)/1e6, float64(c.moved.bytes)/1e6, c.moved.dur)
 	}
 	if !slices.Contains(b.cfg.totalHeaps, heapMiB) || b.cfg.totalForks < 1 {
