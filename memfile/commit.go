@@ -197,7 +197,7 @@ func (rw *rewriter) stage(ctx context.Context) error {
 				continue
 			}
 			seen[k] = true
-			n, err := dataPages(f, off, int64(p.pages()*pageSize))
+			n, err := rw.extents.dataPages(f, off, int64(p.pages()*pageSize))
 			if err != nil {
 				return err
 			}

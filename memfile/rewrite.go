@@ -115,7 +115,7 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 
 	rw := &rewriter{
 		store: s, opts: opts, ratio: ratio, imageDir: imageDir, famDir: famDir,
-		cp: newCopier(), famFiles: map[uint32]string{}, opened: map[string]*os.File{}, maps: map[*os.File][]byte{},
+		cp: newCopier(), famFiles: map[uint32]string{}, opened: map[string]*os.File{}, extents: extentCache{}, maps: map[*os.File][]byte{},
 	}
 	defer rw.close()
 	defer func() {
@@ -166,6 +166,7 @@ type rewriter struct {
 	files    *criuimg.FilesImage
 	famFiles map[uint32]string   // reg-file id -> family file name, for files under MapDir
 	opened   map[string]*os.File // family files opened for reading
+	extents  extentCache         // data extents of the files read, by descriptor
 	maps     map[*os.File][]byte // read-only mappings of pages images (see mapped)
 	mntID    *int32
 	mounts   []mountpoint // the dump's mount namespace (mountNS: it has one)
@@ -445,7 +446,7 @@ func (rw *rewriter) plan() error {
 				continue
 			}
 			seen[k] = true
-			n, err := dataPages(p.base, p.baseOff, int64(p.e.GetEnd()-p.e.GetStart()))
+			n, err := rw.extents.dataPages(p.base, p.baseOff, int64(p.e.GetEnd()-p.e.GetStart()))
 			if err != nil {
 				return err
 			}
