@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 
 	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/memfile"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
@@ -58,12 +61,20 @@ func (e *cliEnv) state(t *testing.T) stackState {
 			t.Fatal(err)
 		}
 	}
+	held := e.heldFiles(t, s.containers)
 	_ = filepath.WalkDir(e.Root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return nil
 		}
 		rel, _ := filepath.Rel(e.Root, p)
 		if strings.HasPrefix(rel, "locks/") { // empty lock files, one per parent
+			return nil
+		}
+		// Memory files existing containers hold (a parent's own: each
+		// checkpoint moves what it wrote since onto a new one), with their
+		// view links, charge records and references: their state, freed
+		// with them, not a leftover of the fork call.
+		if held[filepath.Base(p)] || e.containerRef(p, s.containers) {
 			return nil
 		}
 		s.files = append(s.files, rel)
@@ -77,6 +88,68 @@ func (e *cliEnv) state(t *testing.T) stackState {
 		sort.Strings(l)
 	}
 	return s
+}
+
+// heldFiles are the memory files that existing containers hold (their
+// snapshots' files, or the files they were moved onto).
+func (e *cliEnv) heldFiles(t *testing.T, containers []string) map[string]bool {
+	t.Helper()
+	exists := map[string]bool{}
+	for _, c := range containers {
+		exists[c] = true
+	}
+	out := map[string]bool{}
+	ents, _ := os.ReadDir(filepath.Join(e.Root, "mem"))
+	store, err := memfile.OpenStore(filepath.Join(e.Root, "mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range ents {
+		if !fam.IsDir() || strings.HasPrefix(fam.Name(), ".") {
+			continue
+		}
+		holders, _ := store.Holders(fam.Name())
+		for h, files := range holders {
+			if id := containerOfHolder(h, e.Namespace); id != "" && exists[id] {
+				for _, f := range files {
+					out[f] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+// containerOfHolder is the container id of a container's holder
+// ("container:NS/ID" or "moved:NS/ID/FILE") in namespace ns, "" otherwise.
+func containerOfHolder(h, ns string) string {
+	for _, p := range []string{"container:" + ns + "/", "moved:" + ns + "/"} {
+		if rest, ok := strings.CutPrefix(h, p); ok {
+			id, _, _ := strings.Cut(rest, "/")
+			return id
+		}
+	}
+	return ""
+}
+
+// containerRef reports whether p is the reference record of an existing
+// container's holder.
+func (e *cliEnv) containerRef(p string, containers []string) bool {
+	if !strings.Contains(p, "/refs/") {
+		return false
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return false
+	}
+	var rec struct {
+		Holder string `json:"holder"`
+	}
+	if json.Unmarshal(b, &rec) != nil {
+		return false
+	}
+	id := containerOfHolder(rec.Holder, e.Namespace)
+	return id != "" && slices.Contains(containers, id)
 }
 
 // assertSame checks that nothing is left beyond the before state (what was
