@@ -35,35 +35,18 @@ type bench struct {
 	seq      int
 }
 
-func newBench(bin string, nForks, plainMax int) (_ *bench, retErr error) {
-	root, err := os.MkdirTemp("/tmp", "lfb-")
+func newBench(bin string, nForks, plainMax int) (*bench, error) {
+	env, lf, err := ctrbench.SetupLazyFork(context.Background(), bin)
 	if err != nil {
 		return nil, err
 	}
-	b := &bench{root: root, nForks: nForks, plainMax: plainMax, m: &results{}}
-	defer func() {
-		if retErr != nil {
-			b.close()
-		}
-	}()
-	ctx := context.Background()
-	b.env, err = ctrbench.Setup(ctx, harness.Options{BinDirs: []string{bin}, Env: []string{"LAZYFORK_ROOT=" + root}}, "")
-	if err != nil {
-		return nil, err
-	}
-	b.h = b.env.H
-	b.lf = lfclient.New(b.h.Client(), lfclient.WithRoot(root))
-	return b, nil
+	return &bench{env: env, h: env.H, root: env.Root, lf: lf, nForks: nForks, plainMax: plainMax, m: &results{}}, nil
 }
 
 func (b *bench) close() {
-	if b.env != nil {
-		if err := b.env.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, "bench-fork: teardown:", err)
-		}
+	if err := b.env.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-fork: teardown:", err)
 	}
-	_ = unix.Unmount(b.root, unix.MNT_DETACH)
-	os.RemoveAll(b.root)
 }
 
 func (b *bench) id(prefix string) string {

@@ -90,29 +90,23 @@ type bench struct {
 }
 
 func newBench(bin string, cfg config) (_ *bench, retErr error) {
-	root, err := os.MkdirTemp("/tmp", "lfb-")
-	if err != nil {
-		return nil, err
-	}
-	b := &bench{cfg: cfg, root: root, r: &results{plain: map[int][]plainRun{}}}
+	b := &bench{cfg: cfg, r: &results{plain: map[int][]plainRun{}}}
 	defer func() {
 		if retErr != nil {
 			b.close()
 		}
 	}()
+	var err error
 	if b.plainDir, err = os.MkdirTemp("/tmp", "lfb-plain-"); err != nil {
 		return nil, err
 	}
 	if err := memfile.EnsureTmpfs(b.plainDir, 0); err != nil {
 		return nil, err
 	}
-	ctx := context.Background()
-	b.env, err = ctrbench.Setup(ctx, harness.Options{BinDirs: []string{bin}, Env: []string{"LAZYFORK_ROOT=" + root}}, "")
-	if err != nil {
+	if b.env, b.lf, err = ctrbench.SetupLazyFork(context.Background(), bin); err != nil {
 		return nil, err
 	}
-	b.h = b.env.H
-	b.lf = lfclient.New(b.h.Client(), lfclient.WithRoot(root))
+	b.h, b.root = b.env.H, b.env.Root
 	return b, nil
 }
 
@@ -122,11 +116,9 @@ func (b *bench) close() {
 			fmt.Fprintln(os.Stderr, "bench-refork: teardown:", err)
 		}
 	}
-	for _, d := range []string{b.root, b.plainDir} {
-		if d != "" {
-			_ = unix.Unmount(d, unix.MNT_DETACH)
-			os.RemoveAll(d)
-		}
+	if b.plainDir != "" {
+		_ = unix.Unmount(b.plainDir, unix.MNT_DETACH)
+		os.RemoveAll(b.plainDir)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
+	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/integration/workloads"
 )
@@ -30,6 +32,8 @@ import (
 type Env struct {
 	H   *harness.Containerd
 	Img client.Image
+	// Root is the private LazyFork root of SetupLazyFork ("" for Setup).
+	Root string
 }
 
 // Setup starts a private containerd with opts and imports the python image
@@ -51,8 +55,31 @@ func Setup(ctx context.Context, opts harness.Options, snapshotter string) (*Env,
 	return &Env{H: h, Img: img}, nil
 }
 
-// Close tears the containerd and everything in it down.
-func (e *Env) Close() error { return e.H.Stop() }
+// SetupLazyFork is Setup for LazyFork's benchmarks: the shims (from bin) use
+// a private LazyFork root (a tmpfs they mount), and lf is a LazyFork client
+// on it. Close removes the root too.
+func SetupLazyFork(ctx context.Context, bin string) (_ *Env, lf *lfclient.Client, retErr error) {
+	root, err := os.MkdirTemp("/tmp", "lfb-")
+	if err != nil {
+		return nil, nil, err
+	}
+	e, err := Setup(ctx, harness.Options{BinDirs: []string{bin}, Env: []string{"LAZYFORK_ROOT=" + root}}, "")
+	if err != nil {
+		return nil, nil, errors.Join(err, harness.RemoveLazyForkRoot(root))
+	}
+	e.Root = root
+	return e, lfclient.New(e.H.Client(), lfclient.WithRoot(root)), nil
+}
+
+// Close tears the containerd and everything in it down, and the LazyFork
+// root of SetupLazyFork.
+func (e *Env) Close() error {
+	err := e.H.Stop()
+	if e.Root != "" {
+		err = errors.Join(err, harness.RemoveLazyForkRoot(e.Root))
+	}
+	return err
+}
 
 // Counter is a running container whose task runs counter.py.
 type Counter struct {
