@@ -4,8 +4,9 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
+
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // FamilyRecord is what the shim reports about a family for the tools
@@ -43,24 +44,6 @@ func recordCharge(root, family string) error {
 // selfMemoryCgroup is this process's memory cgroup: the v1 memory hierarchy's
 // path, or the unified one.
 func selfMemoryCgroup() string {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return ""
-	}
-	var unified string
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.SplitN(l, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		for _, c := range strings.Split(f[1], ",") {
-			if c == "memory" {
-				return f[2]
-			}
-		}
-		if f[0] == "0" && f[1] == "" {
-			unified = f[2]
-		}
-	}
-	return unified
+	path, _, _ := procfs.Cgroup(os.Getpid(), "memory")
+	return path
 }

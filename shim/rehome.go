@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	"github.com/lazyfork/lazyfork/memfile/rehome"
@@ -348,43 +347,26 @@ func memoryLimit(dir string) (limit, usage uint64, ok bool) {
 	return l, u, found
 }
 
-// memoryCgroupDir is the directory of process pid's memory cgroup (v1 memory
-// hierarchy, or the unified one).
-func memoryCgroupDir(pid int) (string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+// cgroupDir is the directory of process pid's cgroup for a controller: in
+// the controller's v1 hierarchy, or the unified one.
+func cgroupDir(pid int, controller string) (string, error) {
+	path, v1, err := procfs.Cgroup(pid, controller)
 	if err != nil {
 		return "", err
 	}
-	var dir string
-	for _, l := range strings.Split(string(b), "\n") {
-		p := strings.SplitN(l, ":", 3)
-		if len(p) != 3 {
-			continue
-		}
-		if slices.Contains(strings.Split(p[1], ","), "memory") {
-			return filepath.Join(cgroupRoot, "memory", p[2]), nil
-		}
-		if p[0] == "0" && p[1] == "" {
-			dir = filepath.Join(cgroupRoot, p[2])
-		}
+	if v1 {
+		return filepath.Join(cgroupRoot, controller, path), nil
 	}
-	if dir == "" {
-		return "", fmt.Errorf("process %d has no memory cgroup: %w", pid, errdefs.ErrNotFound)
-	}
-	return dir, nil
+	return filepath.Join(cgroupRoot, path), nil
 }
+
+// memoryCgroupDir is the directory of process pid's memory cgroup.
+func memoryCgroupDir(pid int) (string, error) { return cgroupDir(pid, "memory") }
 
 // memoryCgroupOf is the path of process pid's memory cgroup ("" if unknown).
 func memoryCgroupOf(pid int) string {
-	dir, err := memoryCgroupDir(pid)
-	if err != nil {
-		return ""
-	}
-	if rel, err := filepath.Rel(filepath.Join(cgroupRoot, "memory"), dir); err == nil && !strings.HasPrefix(rel, "..") {
-		return "/" + rel
-	}
-	rel, _ := filepath.Rel(cgroupRoot, dir)
-	return "/" + rel
+	path, _, _ := procfs.Cgroup(pid, "memory")
+	return path
 }
 
 // joinMemoryCgroup moves process pid into the memory cgroup of process of
@@ -397,35 +379,8 @@ func joinMemoryCgroup(of, pid int) error {
 	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
 }
 
-// freezerCgroup is the directory of the cgroup that freezes process pid: the
-// v1 freezer hierarchy's, or the unified one.
-func freezerCgroup(pid int) (string, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return "", fmt.Errorf("cgroup of process %d: %w", pid, err)
-	}
-	defer f.Close()
-	var unified string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		p := strings.SplitN(sc.Text(), ":", 3)
-		if len(p) != 3 {
-			continue
-		}
-		for _, c := range strings.Split(p[1], ",") {
-			if c == "freezer" {
-				return filepath.Join(cgroupRoot, "freezer", p[2]), nil
-			}
-		}
-		if p[0] == "0" && p[1] == "" {
-			unified = p[2]
-		}
-	}
-	if unified == "" {
-		return "", fmt.Errorf("process %d has no freezer cgroup: %w", pid, errdefs.ErrNotFound)
-	}
-	return filepath.Join(cgroupRoot, unified), nil
-}
+// freezerCgroup is the directory of the cgroup that freezes process pid.
+func freezerCgroup(pid int) (string, error) { return cgroupDir(pid, "freezer") }
 
 // cgroupProcs lists the processes of a cgroup directory.
 func cgroupProcs(dir string) ([]int, error) {

@@ -1,6 +1,6 @@
 // Package procfs reads what LazyFork needs from /proc, in one place: a
-// process's start time (which tells a live process from a reused PID) and
-// its state.
+// process's start time (which tells a live process from a reused PID), its
+// state, and its cgroups.
 package procfs
 
 import (
@@ -47,4 +47,34 @@ func ReadStat(pid int) (Stat, error) {
 		return Stat{}, fmt.Errorf("process %d: start time %q: %w", pid, f[19], errdefs.ErrDataLoss)
 	}
 	return Stat{State: f[0][0], StartTime: start}, nil
+}
+
+// Cgroup returns process pid's cgroup path for a controller, from
+// /proc/PID/cgroup: in the controller's v1 hierarchy (v1 true) if it has one,
+// else in the unified hierarchy. No such entry is an error wrapping
+// errdefs.ErrNotFound.
+func Cgroup(pid int, controller string) (path string, v1 bool, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return "", false, fmt.Errorf("cgroup of process %d: %w", pid, errdefs.ErrNotFound)
+	}
+	unified, found := "", false
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(f[1], ",") {
+			if c == controller {
+				return f[2], true, nil
+			}
+		}
+		if f[0] == "0" && f[1] == "" {
+			unified, found = f[2], true
+		}
+	}
+	if !found {
+		return "", false, fmt.Errorf("process %d has no %s cgroup: %w", pid, controller, errdefs.ErrNotFound)
+	}
+	return unified, false, nil
 }

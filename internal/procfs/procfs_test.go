@@ -3,6 +3,7 @@ package procfs
 import (
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -36,5 +37,17 @@ func TestReadStat(t *testing.T) {
 	cmd.Wait()
 	if _, err := ReadStat(pid); !errdefs.IsNotFound(err) {
 		t.Errorf("reaped child: %v, want not found", err)
+	}
+}
+
+// This process has a memory cgroup, v1 or unified, that /proc/self/cgroup
+// names; an unknown controller falls back to the unified one or is not found.
+func TestCgroup(t *testing.T) {
+	path, _, err := Cgroup(os.Getpid(), "memory")
+	if err != nil || !strings.HasPrefix(path, "/") {
+		t.Fatalf("memory cgroup: %q %v", path, err)
+	}
+	if _, _, err := Cgroup(1<<30, "memory"); !errdefs.IsNotFound(err) {
+		t.Errorf("no such process: %v, want not found", err)
 	}
 }
