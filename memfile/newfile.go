@@ -14,20 +14,20 @@ import (
 // PendingFile is a memory file written outside a rewrite: the move of a
 // running container onto a file of its family (package rehome). Like a
 // rewrite's file it is written under a flocked .tmp- name, so GC removes it
-// if its writer dies, and Commit gives it its final name, seals it and
-// records its holder.
+// if its writer dies; Publish gives it its final name and records its
+// holder, Seal makes it immutable once written.
 type PendingFile struct {
 	store  *Store
 	family string
 	name   string
-	path   string // the .tmp- path until Commit or Publish, then the final one
+	path   string // the .tmp- path until Publish, then the final one
 	f      *os.File
 	holder string // set by Publish
 	done   bool
 }
 
 // CreateFile starts a new memory file of family, empty, mode 0400, open for
-// writing. Call Commit or Abort.
+// writing. Call Publish then Seal, or Abort.
 func (s *Store) CreateFile(family string) (*PendingFile, error) {
 	dir, err := s.FamilyDir(family)
 	if err != nil {
@@ -60,21 +60,6 @@ func (p *PendingFile) File() *os.File { return p.f }
 
 // Name is the file's final base name in the family directory.
 func (p *PendingFile) Name() string { return p.name }
-
-// Commit publishes the file for holder and seals it: written once, and
-// immutable from now on. On error the file goes.
-func (p *PendingFile) Commit(holder string) error {
-	if err := p.Publish(holder); err != nil {
-		p.Abort()
-		return err
-	}
-	if err := p.Seal(); err != nil {
-		p.done = false
-		p.Abort()
-		return err
-	}
-	return nil
-}
 
 // Publish gives the file its final name and records that holder pins it,
 // without sealing it: it may still be written (by a move that maps it chunk
@@ -117,9 +102,9 @@ func (p *PendingFile) Seal() error {
 	return p.f.Close()
 }
 
-// Abort removes a file that was not committed or sealed; a published one is
-// only unreferenced (GC frees it once no process maps it). It is a no-op
-// after Commit or Seal.
+// Abort removes a file that was not published; a published one is only
+// unreferenced (GC frees it once no process maps it). It is a no-op after
+// Seal.
 func (p *PendingFile) Abort() {
 	if p.done {
 		return
