@@ -7,13 +7,15 @@
 // delete, OOM events, stdio and TTY are runc's own code), and the manager wraps
 // runc's manager (bootstrap, sockets, `delete`). What LazyFork adds:
 //
-//   - Every container belongs to a family (a root container and all its forks).
-//     On Create the family's memory directory is bind-mounted read-only at
-//     /.lazyfork/mem (memfile.MountPath) into the bundle's config.json, so the
-//     mount is part of every dump and every restore and is external to CRIU.
+//   - Every container belongs to a family (a root container and all its forks),
+//     which belongs to its containerd namespace (trust.go). On Create the
+//     container's own memory view (memfile.LinkView: links to the files its
+//     snapshot maps, nothing else) is bind-mounted read-only at /.lazyfork/mem
+//     (memfile.MountPath) into the bundle's config.json, so the mount is part of
+//     every dump and every restore and is external to CRIU.
 //   - vm.overcommit_memory reads 2 inside the container: a createContainer hook
 //     (this binary, see RunHook) bind-mounts a file that lives inside the family
-//     memory directory over /proc/sys/vm/overcommit_memory, so CRIU sees it as a
+//     memory view over /proc/sys/vm/overcommit_memory, so CRIU sees it as a
 //     bind of the external mount and it survives checkpoint and restore.
 //   - Checkpoint (leave-running unless runc options say otherwise) runs runc's
 //     checkpoint, then rewrites the image with memfile so its private anonymous
@@ -25,8 +27,12 @@
 //   - A container annotated lazyfork.io/fork-of (a Kubernetes pod's container,
 //     through CRI) is created from the named LazyFork snapshot, or from a
 //     checkpoint archive containerd wrote, unpacked under ROOT/snapshots.
-//   - One shim process serves a whole family: the manager groups containers by
-//     the lazyfork.io/family annotation the way runc groups a pod.
+//   - A root container has a shim of its own; forks carrying the same
+//     lazyfork.io/shim-group share one (manager.go), so a dying shim takes
+//     down one group, never the parent.
+//   - Before the dump of a frozen container, its memory moves onto a memory
+//     file of its family in place (rehome.go, memfile/rehome), so it holds its
+//     heap once and its next snapshot is a delta.
 //
 // # Configuration
 //
@@ -41,6 +47,11 @@
 //	                     fork's memory cgroup: a debug log is page cache charged to every fork.
 //	LAZYFORK_MADVISE     madvise guard of checkpoints: "refuse" (default), "zero" or "off";
 //	                     a container's lazyfork.io/madvise annotation wins.
+//	LAZYFORK_ARCHIVE_DIRS  colon-separated directories lazyfork.io/fork-of may name
+//	                     archives in (default /var/lib/kubelet/checkpoints)
+//	LAZYFORK_RESTORE_TIMEOUT  bound of one restore (default 2m)
+//	LAZYFORK_REHOME      "on" (default) or "off": move containers onto their memory
+//	                     files at checkpoint (lazyfork.io/rehome=false opts one out)
 //
 // # The madvise guard
 //
@@ -61,14 +72,14 @@
 // # Memory accounting
 //
 // The kernel charges a tmpfs page to the memory cgroup of the process that first
-// writes it. The family's memory files are written by the family's shim during
-// the checkpoint rewrite, so they are charged to the shim's memory cgroup
-// (containerd's, unless runc's ShimCgroup option puts the shim elsewhere, e.g.
-// a dedicated /lazyfork cgroup), never to a fork: a fork's cgroup only holds
-// the pages it wrote itself plus what CRIU left anonymous (stack, dirty pages
-// of private file mappings such as an interpreter's .data). After each rewrite
-// the shim records that cgroup in ROOT/families/<family>.json; `lazyfork mem`
-// and client.Families report it.
+// writes it. A container's move writes its file from a helper that joins the
+// container's memory cgroup, so the file is charged to the container whose
+// memory it holds and its limit bounds its snapshots. Files the checkpoint
+// rewrite writes (a fork's new memory) are charged to the shim's memory cgroup
+// (containerd's, unless runc's ShimCgroup option puts the shim elsewhere),
+// never to a fork: a fork's cgroup only holds the pages it writes itself plus
+// what CRIU left anonymous. Each file's cgroup is recorded in the store
+// (memfile.SetCharge); `lazyfork mem` and client.Families report it.
 //
 // # Per-container state
 //
