@@ -37,6 +37,7 @@ type rehomeResult struct {
 	File     string // the new memory file ("" if nothing moved)
 	VMAs     int
 	Bytes    int64
+	ByTracer int64 // of Bytes, copied by the helper instead of the process
 	Duration time.Duration
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
@@ -143,7 +144,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		}
 		return res, err
 	}
-	res.VMAs, res.Bytes, res.NoNewPrivs = reply.VMAs, reply.Bytes, reply.NoNewPrivs
+	res.VMAs, res.Bytes, res.ByTracer, res.NoNewPrivs = reply.VMAs, reply.Bytes, reply.ByTracer, reply.NoNewPrivs
 	if reply.Err != "" {
 		return res, errors.New(reply.Err)
 	}
@@ -180,8 +181,9 @@ type rehomeRequest struct {
 
 // rehomeReply is the helper's answer (JSON on stdout).
 type rehomeReply struct {
-	VMAs       int    `json:"vmas"`  // VMAs moved whole
-	Bytes      int64  `json:"bytes"` // bytes written into the file
+	VMAs       int    `json:"vmas"`               // VMAs moved whole
+	Bytes      int64  `json:"bytes"`              // bytes written into the file
+	ByTracer   int64  `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
 	NoNewPrivs []int  `json:"noNewPrivs,omitempty"`
 	Err        string `json:"err,omitempty"`
 }
@@ -274,6 +276,7 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, req.Chunk)
 		reply.VMAs += len(done)
 		reply.Bytes += cs.Bytes
+		reply.ByTracer += cs.ByTracer
 		if err != nil {
 			errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
 		}
@@ -402,7 +405,7 @@ func cgroupProcs(dir string) ([]int, error) {
 
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
-	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "duration": res.Duration})
+	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration})
 	if len(res.NoNewPrivs) > 0 {
 		l = l.WithField("no_new_privs", res.NoNewPrivs)
 	}

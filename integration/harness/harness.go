@@ -37,6 +37,7 @@ type Options struct {
 	// ExtraTOML is appended verbatim to the generated config.
 	ExtraTOML string
 	// Debug sets containerd's log level to debug (also LAZYFORK_HARNESS_DEBUG=1).
+	// LAZYFORK_HARNESS_KEEP_LOG=FILE copies containerd's log (shims included) to FILE on Stop.
 	Debug bool
 	// StartTimeout bounds the wait for the daemon to answer; 0 means 30 s.
 	StartTimeout time.Duration
@@ -297,6 +298,12 @@ func (c *Containerd) Stop() error {
 	errs = append(errs, killShims(c.Address))
 	errs = append(errs, removeCgroups(c.CgroupParent))
 	errs = append(errs, unmountUnder(c.Dir))
+	if keep := os.Getenv("LAZYFORK_HARNESS_KEEP_LOG"); keep != "" {
+		// Debugging a benchmark or test: the log (shims' lines included) outlives the run.
+		if b, err := os.ReadFile(c.LogPath); err == nil {
+			errs = append(errs, os.WriteFile(keep, b, 0o600))
+		}
+	}
 	if err := os.RemoveAll(c.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("harness: remove %s: %w", c.Dir, err))
 	}

@@ -732,7 +732,7 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 		return nil, st, err
 	}
 	fd, err := p.open(path, unix.O_RDWR|unix.O_CLOEXEC, vmas)
-	writeFD := fd
+	writeFD, passed := fd, int64(-1)
 	if err != nil {
 		var en unix.Errno
 		if !errors.As(err, &en) && !errdefs.IsNotImplemented(err) {
@@ -744,6 +744,19 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 			return nil, st, err
 		}
 		writeFD = -1
+		if t.hostFile != nil {
+			// It may still write through the caller's descriptor,
+			// passed to it: one copy instead of the tracer's two. It
+			// maps the file by its own path (fd), which is what CRIU
+			// dumps.
+			wfd, err := p.receiveFile(t.hostFile, vmas)
+			switch {
+			case err == nil:
+				writeFD, passed = wfd, wfd
+			case !errdefs.IsNotImplemented(err):
+				return nil, st, errors.Join(err, p.close(fd))
+			}
+		}
 	}
 	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
 	if err != nil {
@@ -781,6 +794,9 @@ vmaLoop:
 			}
 		}
 		done = append(done, v)
+	}
+	if passed >= 0 && !p.dead {
+		errs = append(errs, p.close(passed))
 	}
 	errs = append(errs, p.close(fd))
 	return done, st, errors.Join(errs...)
