@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/transfer"
@@ -67,6 +68,7 @@ func (p *pullProgress) draw() {
 	if p.tw == nil {
 		return
 	}
+	tw := tabwriter.NewWriter(p.tw, 1, 8, 1, ' ', 0)
 	for _, name := range p.order {
 		b := p.blobs[name]
 		kind, dgst, _ := strings.Cut(name, "-sha256:")
@@ -80,12 +82,13 @@ func (p *pullProgress) draw() {
 		case b.Total > 0:
 			frac = float64(b.Progress) / float64(b.Total)
 		}
-		fmt.Fprintf(p.tw, "%s %s:\t%s\t%30r\t%8.8s/%s\t\n", kind, dgst, b.Event, progress.Bar(frac),
+		fmt.Fprintf(tw, "%s %s:\t%s\t%30r\t%8.8s/%s\t\n", kind, dgst, b.Event, progress.Bar(frac),
 			progress.Bytes(b.Progress), progress.Bytes(b.Total))
 	}
 	done, _ := p.totals()
-	fmt.Fprintf(p.tw, "%s\telapsed: %.1fs\ttotal: %s\t(%v)\t\n", p.status, time.Since(p.start).Seconds(),
+	fmt.Fprintf(tw, "%s\telapsed: %.1fs\ttotal: %s\t(%v)\t\n", p.status, time.Since(p.start).Seconds(),
 		progress.Bytes(done), progress.NewBytesPerSecond(done, time.Since(p.start)))
+	_ = tw.Flush()
 	_ = p.tw.Flush()
 }
 

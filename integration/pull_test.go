@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -22,6 +23,7 @@ import (
 	"github.com/containerd/console"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
@@ -40,6 +42,7 @@ type pullEnv struct {
 	*cliEnv
 	reg      *harness.Registry
 	hostsDir string
+	python   ocispec.Manifest // of docker.io/library/python:3.12-slim
 }
 
 func startPullEnv(t *testing.T) *pullEnv {
@@ -64,15 +67,14 @@ func startPullEnv(t *testing.T) *pullEnv {
 		}},
 	})
 	ctx := e.ctx(t)
-	for _, p := range []struct{ image, repo, tag string }{
-		{"python", "library/python", "3.12-slim"},
-		{"busybox", "library/busybox", "latest"},
-	} {
-		if _, err := reg.PushImage(ctx, p.image, p.repo, p.tag); err != nil {
-			t.Fatal(err)
-		}
+	py, err := reg.PushImage(ctx, "python", "library/python", "3.12-slim")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return &pullEnv{cliEnv: &cliEnv{lfEnv: e, logDir: t.TempDir()}, reg: reg, hostsDir: hostsDir}
+	if _, err := reg.PushImage(ctx, "busybox", "library/busybox", "latest"); err != nil {
+		t.Fatal(err)
+	}
+	return &pullEnv{cliEnv: &cliEnv{lfEnv: e, logDir: t.TempDir()}, reg: reg, hostsDir: hostsDir, python: py}
 }
 
 // lfPty runs `lazyfork ARGS` with stdin, stdout and stderr on a new pty, as
@@ -150,7 +152,15 @@ func TestPullDocumentedSequence(t *testing.T) {
 	e := startPullEnv(t)
 	ctx := e.ctx(t)
 
-	// 1. create pulls the image it lacks, showing progress on a terminal.
+	// 1. create pulls the image it lacks, showing progress on a terminal
+	// (downloads slowed to 24 MiB/s so that the big layer shows its bar).
+	e.reg.LimitRate(24 << 20)
+	big := e.python.Layers[0]
+	for _, l := range e.python.Layers {
+		if l.Size > big.Size {
+			big = l
+		}
+	}
 	out, err := e.lfPty(t, "create", "python:3.12-slim", "--name", "counter", "--", "python3", "-c", countPy)
 	t.Logf("create on a pty:\n%q", out)
 	if err != nil {
@@ -159,16 +169,23 @@ func TestPullDocumentedSequence(t *testing.T) {
 	for _, want := range []string{
 		"docker.io/library/python:3.12-slim: pulling from registry docker.io (hosts " + e.hostsDir + ")",
 		"layer ", "downloading", "\x1b[1A\x1b[2K", // a blob line, redrawn in place
-		"docker.io/library/python:3.12-slim: pulled 3 blobs",
+		fmt.Sprintf("docker.io/library/python:3.12-slim: pulled %d blobs", 2+len(e.python.Layers)),
 		"unpacking into lazyfork",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("create's terminal output lacks %q", want)
 		}
 	}
-	if !strings.HasSuffix(strings.TrimRight(out, "\r\n"), "counter") {
+	// The big layer's line ends complete with a full bar; the status line says done.
+	for _, re := range []string{`layer ` + big.Digest.Encoded()[:12] + `: +complete +\|(\x1b\[32m)?\+{20,}`, `\ndone +elapsed: `} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("create's terminal output does not match %q", re)
+		}
+	}
+	if !strings.HasSuffix(strings.TrimRight(out, "\r\n"), "\ncounter") {
 		t.Errorf("create did not print the container id last: %q", out)
 	}
+	e.reg.LimitRate(0)
 	if n := e.manifestGets("library/python"); n == 0 {
 		t.Errorf("the registry served no python manifest: %v", e.reg.Requests())
 	}

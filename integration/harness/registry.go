@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
@@ -36,6 +37,7 @@ type Registry struct {
 	user     string // basic auth when set
 	pass     string
 	missing  map[string]bool // blob digests answered 404
+	rate     int             // bytes per second of blob downloads; 0: no limit
 	requests []string        // "METHOD path" of every request
 }
 
@@ -50,7 +52,7 @@ func StartRegistry() (*Registry, error) {
 	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.requests = append(r.requests, req.Method+" "+req.URL.Path)
-		user, pass := r.user, r.pass
+		user, pass, rate := r.user, r.pass, r.rate
 		var gone bool
 		for d := range r.missing {
 			if strings.HasSuffix(req.URL.Path, "/blobs/"+d) {
@@ -69,6 +71,9 @@ func StartRegistry() (*Registry, error) {
 			http.Error(w, `{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}`, http.StatusNotFound)
 			return
 		}
+		if rate > 0 && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/") {
+			w = &slowWriter{ResponseWriter: w, chunk: rate / 10}
+		}
 		inner.ServeHTTP(w, req)
 	})}
 	go func() { _ = r.srv.Serve(ln) }()
@@ -84,6 +89,38 @@ func (r *Registry) RequireBasicAuth(user, pass string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.user, r.pass = user, pass
+}
+
+// LimitRate slows blob downloads to bytesPerSecond (0: no limit), so that
+// a pull lasts long enough to show its progress.
+func (r *Registry) LimitRate(bytesPerSecond int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rate = bytesPerSecond
+}
+
+// slowWriter writes at most chunk bytes per tenth of a second.
+type slowWriter struct {
+	http.ResponseWriter
+	chunk int
+}
+
+func (s *slowWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		k := min(len(p), s.chunk)
+		m, err := s.ResponseWriter.Write(p[:k])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		p = p[k:]
+		if f, ok := s.ResponseWriter.(http.Flusher); ok {
+			f.Flush()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return n, nil
 }
 
 // DropBlob makes the registry answer 404 for blob digest (sha256:...) as
