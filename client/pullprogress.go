@@ -1,8 +1,11 @@
 package client
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/transfer"
 	"github.com/containerd/containerd/v2/pkg/progress"
+	"golang.org/x/sys/unix"
 )
 
 // pullProgress shows a pull's transfer events: on a terminal one line per
@@ -18,7 +22,9 @@ import (
 type pullProgress struct {
 	mu       sync.Mutex
 	out      io.Writer
-	tw       *progress.Writer // terminal only
+	terminal bool
+	width    int // of the terminal, for lines that wrap
+	lines    int // on screen from the last draw
 	ref      string
 	start    time.Time
 	status   string
@@ -28,9 +34,11 @@ type pullProgress struct {
 }
 
 func newPullProgress(out io.Writer, terminal bool, ref, via string) *pullProgress {
-	p := &pullProgress{out: out, ref: ref, start: time.Now(), status: "resolving", blobs: map[string]transfer.Progress{}}
-	if terminal {
-		p.tw = progress.NewWriter(out)
+	p := &pullProgress{out: out, terminal: terminal, width: 80, ref: ref, start: time.Now(), status: "resolving", blobs: map[string]transfer.Progress{}}
+	if f, ok := out.(*os.File); ok {
+		if ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
+			p.width = int(ws.Col)
+		}
 	}
 	fmt.Fprintf(out, "%s: pulling from %s\n", ref, via)
 	return p
@@ -64,11 +72,15 @@ func (p *pullProgress) totals() (done, total int64) {
 	return done, total
 }
 
+var ansiColor = regexp.MustCompile("\x1b\\[[0-9;]*m")
+
+// draw replaces the last frame on the terminal with the current one.
 func (p *pullProgress) draw() {
-	if p.tw == nil {
+	if !p.terminal {
 		return
 	}
-	tw := tabwriter.NewWriter(p.tw, 1, 8, 1, ' ', 0)
+	var frame bytes.Buffer
+	tw := tabwriter.NewWriter(&frame, 1, 8, 1, ' ', 0)
 	for _, name := range p.order {
 		b := p.blobs[name]
 		kind, dgst, _ := strings.Cut(name, "-sha256:")
@@ -82,14 +94,20 @@ func (p *pullProgress) draw() {
 		case b.Total > 0:
 			frac = float64(b.Progress) / float64(b.Total)
 		}
-		fmt.Fprintf(tw, "%s %s:\t%s\t%30r\t%8.8s/%s\t\n", kind, dgst, b.Event, progress.Bar(frac),
+		fmt.Fprintf(tw, "%s %s:\t%s\t%30r\t%8.8s/%s\n", kind, dgst, b.Event, progress.Bar(frac),
 			progress.Bytes(b.Progress), progress.Bytes(b.Total))
 	}
-	done, _ := p.totals()
-	fmt.Fprintf(tw, "%s\telapsed: %.1fs\ttotal: %s\t(%v)\t\n", p.status, time.Since(p.start).Seconds(),
-		progress.Bytes(done), progress.NewBytesPerSecond(done, time.Since(p.start)))
 	_ = tw.Flush()
-	_ = p.tw.Flush()
+	done, _ := p.totals()
+	elapsed := time.Since(p.start)
+	fmt.Fprintf(&frame, "%s   elapsed: %.1fs   total: %s (%v)\n", p.status, elapsed.Seconds(),
+		progress.Bytes(done), progress.NewBytesPerSecond(done, elapsed))
+	clear := strings.Repeat("\x1b[1A\x1b[2K", p.lines)
+	_, _ = io.WriteString(p.out, clear+"\r"+frame.String())
+	p.lines = 0
+	for _, l := range strings.Split(strings.TrimSuffix(frame.String(), "\n"), "\n") {
+		p.lines += (len(ansiColor.ReplaceAllString(l, ""))-1)/p.width + 1
+	}
 }
 
 // finish draws the last state and the outcome.

@@ -229,7 +229,9 @@ func TestPullDocumentedSequence(t *testing.T) {
 	}
 
 	// 4. fork big -n 100, then list, status, stats --csv.
+	forkStart := time.Now()
 	ids := strings.Fields(e.must(t, "fork", "big", "-n", "100"))
+	t.Logf("fork big -n 100 took %.1fs", time.Since(forkStart).Seconds())
 	if len(ids) != 100 {
 		t.Fatalf("fork big -n 100 printed %d ids", len(ids))
 	}
@@ -262,7 +264,11 @@ func TestPullDocumentedSequence(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(csv), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "big,big,running,") {
 		t.Errorf("stats big --csv:\n%s", csv)
 	}
-	t.Logf("status:\n%s\nstats big --csv: %s", status, csv)
+	lines := strings.Split(strings.TrimRight(table, "\n"), "\n")
+	if len(lines) > 8 {
+		lines = append(append(lines[:5:5], "..."), lines[len(lines)-3:]...)
+	}
+	t.Logf("list:\n%s\nstatus:\n%s\nstats big --csv --header:\n%s", strings.Join(lines, "\n"), status, e.must(t, "stats", "big", "--csv", "--header"))
 }
 
 // pullFailed checks that a failed create left no container, no image and
