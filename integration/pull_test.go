@@ -67,11 +67,11 @@ func startPullEnv(t *testing.T) *pullEnv {
 		}},
 	})
 	ctx := e.ctx(t)
-	py, err := reg.PushImage(ctx, "python", "library/python", "3.12-slim")
+	py, _, err := reg.PushImage(ctx, "python", "library/python", "3.12-slim")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reg.PushImage(ctx, "busybox", "library/busybox", "latest"); err != nil {
+	if _, _, err := reg.PushImage(ctx, "busybox", "library/busybox", "latest"); err != nil {
 		t.Fatal(err)
 	}
 	return &pullEnv{cliEnv: &cliEnv{lfEnv: e, logDir: t.TempDir()}, reg: reg, hostsDir: hostsDir, python: py}
@@ -333,7 +333,7 @@ func TestPullErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer priv.Close()
-	if _, err := priv.PushImage(ctx, "busybox", "team/tool", "1.0"); err != nil {
+	if _, _, err := priv.PushImage(ctx, "busybox", "team/tool", "1.0"); err != nil {
 		t.Fatal(err)
 	}
 	priv.RequireBasicAuth("alice", "s3cret")
@@ -341,7 +341,7 @@ func TestPullErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	// busybox:broken: a manifest whose layer the registry lost.
-	m, err := e.reg.PushImage(ctx, "busybox", "library/busybox", "broken")
+	m, md, err := e.reg.PushImage(ctx, "busybox", "library/busybox", "broken")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +356,7 @@ func TestPullErrors(t *testing.T) {
 			[]string{"pull docker.io/library/python:nosuch: not found", "check the name and tag"}, nil},
 		{"half", "busybox:broken", "docker.io/library/busybox:broken",
 			[]string{"pull docker.io/library/busybox:broken: not found", m.Layers[0].Digest.String(), "lacks one of its blobs"},
-			[]string{m.Config.Digest.String()}},
+			[]string{md.Digest.String()}}, // the manifest comes before its blobs
 		{"unreach", "unreachable.lazyfork.test/app:1", "unreachable.lazyfork.test/app:1",
 			[]string{"pull unreachable.lazyfork.test/app:1: network:", "connection refused", "cannot be reached", e.hostsDir}, nil},
 		{"nodns", "nosuchhost.invalid/app:1", "nosuchhost.invalid/app:1",
@@ -376,12 +376,40 @@ func TestPullErrors(t *testing.T) {
 			}
 		}
 		for _, d := range c.fetched {
-			if !slices.ContainsFunc(e.reg.Requests(), func(r string) bool { return strings.HasPrefix(r, "GET ") && strings.HasSuffix(r, "/blobs/"+d) }) {
+			if !slices.ContainsFunc(e.reg.Requests(), func(r string) bool {
+				return strings.HasPrefix(r, "GET ") && (strings.HasSuffix(r, "/blobs/"+d) || strings.HasSuffix(r, "/manifests/"+d))
+			}) {
 				t.Errorf("create %s did not fetch %s before failing: %v", c.image, d, e.reg.Requests())
 			}
 		}
 		e.pullFailed(t, ctx, c.name, c.ref, c.fetched)
 	}
+
+	// Ctrl-C in the middle of a download: nothing of it stays.
+	big := e.python.Layers[0]
+	for _, l := range e.python.Layers {
+		if l.Size > big.Size {
+			big = l
+		}
+	}
+	e.reg.LimitRate(4 << 20)
+	intr := exec.Command(filepath.Join(e.Bin, "lazyfork"), "--address", e.Address, "--namespace", e.Namespace, "--root", e.Root,
+		"--log-dir", e.logDir, "create", "python:3.12-slim", "--name", "intr", "--", "true")
+	var intrErr bytes.Buffer
+	intr.Stderr = &intrErr
+	if err := intr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !slices.Contains(e.reg.Requests(), "GET /v2/library/python/blobs/"+big.Digest.String()) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = intr.Process.Signal(os.Interrupt)
+	if err := intr.Wait(); err == nil || !strings.Contains(intrErr.String(), "pull docker.io/library/python:3.12-slim: context canceled") {
+		t.Errorf("create interrupted during the download: %v\n%s", err, intrErr.String())
+	}
+	e.reg.LimitRate(0)
+	e.pullFailed(t, ctx, "intr", "docker.io/library/python:3.12-slim", []string{big.Digest.String(), e.python.Config.Digest.String()})
 
 	// The library call gives the errdefs class.
 	lf := e.lfClient()

@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -102,7 +104,10 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 		}
 	}
 	po.Snapshotter = sn
-	img, err := a.lf.Image(a.ctx, ref, po)
+	// Ctrl-C during a pull cancels it; the pull then removes what it fetched.
+	pctx, stop := signal.NotifyContext(a.ctx, os.Interrupt, syscall.SIGTERM)
+	img, err := a.lf.Image(pctx, ref, po)
+	stop()
 	if err != nil {
 		return "", err
 	}

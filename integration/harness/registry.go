@@ -140,16 +140,15 @@ func (r *Registry) Requests() []string {
 
 // PushImage uploads test image name ("busybox", "python") from its cached
 // OCI archive as repo:tag, e.g. "library/python", "3.12-slim", and returns
-// the image manifest.
-func (r *Registry) PushImage(ctx context.Context, name, repo, tag string) (ocispec.Manifest, error) {
-	var m ocispec.Manifest
+// the image manifest and its descriptor.
+func (r *Registry) PushImage(ctx context.Context, name, repo, tag string) (m ocispec.Manifest, md ocispec.Descriptor, _ error) {
 	path, err := EnsureImage(ctx, name)
 	if err != nil {
-		return m, err
+		return m, md, err
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return m, fmt.Errorf("harness: %w", err)
+		return m, md, fmt.Errorf("harness: %w", err)
 	}
 	defer f.Close()
 	blobs := map[string][]byte{}
@@ -161,46 +160,46 @@ func (r *Registry) PushImage(ctx context.Context, name, repo, tag string) (ocisp
 			break
 		}
 		if err != nil {
-			return m, fmt.Errorf("harness: read %s: %w", path, err)
+			return m, md, fmt.Errorf("harness: read %s: %w", path, err)
 		}
 		b, err := io.ReadAll(tr)
 		if err != nil {
-			return m, fmt.Errorf("harness: read %s: %w", path, err)
+			return m, md, fmt.Errorf("harness: read %s: %w", path, err)
 		}
 		switch p := strings.TrimPrefix(h.Name, "./"); {
 		case p == "index.json":
 			if err := json.Unmarshal(b, &index); err != nil {
-				return m, fmt.Errorf("harness: %s index.json: %w", path, err)
+				return m, md, fmt.Errorf("harness: %s index.json: %w", path, err)
 			}
 		case strings.HasPrefix(p, "blobs/sha256/") && h.Typeflag == tar.TypeReg:
 			blobs["sha256:"+strings.TrimPrefix(p, "blobs/sha256/")] = b
 		}
 	}
 	if len(index.Manifests) != 1 {
-		return m, fmt.Errorf("harness: %s has %d manifests, want 1: %w", path, len(index.Manifests), errdefs.ErrInvalidArgument)
+		return m, md, fmt.Errorf("harness: %s has %d manifests, want 1: %w", path, len(index.Manifests), errdefs.ErrInvalidArgument)
 	}
-	md := index.Manifests[0]
+	md = index.Manifests[0]
 	mb, ok := blobs[md.Digest.String()]
 	if !ok {
-		return m, fmt.Errorf("harness: %s lacks its manifest %s: %w", path, md.Digest, errdefs.ErrNotFound)
+		return m, md, fmt.Errorf("harness: %s lacks its manifest %s: %w", path, md.Digest, errdefs.ErrNotFound)
 	}
 	if err := json.Unmarshal(mb, &m); err != nil {
-		return m, fmt.Errorf("harness: manifest of %s: %w", path, err)
+		return m, md, fmt.Errorf("harness: manifest of %s: %w", path, err)
 	}
 	for _, d := range append([]ocispec.Descriptor{m.Config}, m.Layers...) {
 		b, ok := blobs[d.Digest.String()]
 		if !ok {
-			return m, fmt.Errorf("harness: %s lacks blob %s: %w", path, d.Digest, errdefs.ErrNotFound)
+			return m, md, fmt.Errorf("harness: %s lacks blob %s: %w", path, d.Digest, errdefs.ErrNotFound)
 		}
 		if err := r.do(ctx, http.MethodPost, "/v2/"+repo+"/blobs/uploads/?digest="+d.Digest.String(), "application/octet-stream", b, http.StatusCreated); err != nil {
-			return m, err
+			return m, md, err
 		}
 	}
 	mt := md.MediaType
 	if mt == "" {
 		mt = ocispec.MediaTypeImageManifest
 	}
-	return m, r.do(ctx, http.MethodPut, "/v2/"+repo+"/manifests/"+tag, mt, mb, http.StatusCreated)
+	return m, md, r.do(ctx, http.MethodPut, "/v2/"+repo+"/manifests/"+tag, mt, mb, http.StatusCreated)
 }
 
 func (r *Registry) do(ctx context.Context, method, path, contentType string, body []byte, want int) error {
