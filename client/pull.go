@@ -102,7 +102,7 @@ func (c *Client) Image(ctx context.Context, ref string, o PullOptions) (containe
 	pulled := false
 	if img == nil {
 		if policy == PullNever {
-			return nil, fmt.Errorf("image %s is not in containerd and --pull=never: pull it (--pull=missing) or import it (ctr images import FILE): %w", full, errdefs.ErrNotFound)
+			return nil, fmt.Errorf("image %s is not in containerd and --pull=never: pull it (--pull=missing) or import it (ctr -n NAMESPACE images import FILE): %w", full, errdefs.ErrNotFound)
 		}
 		existed := false
 		if _, err := c.cd.ImageService().Get(ctx, full); err == nil {
@@ -134,7 +134,8 @@ func (c *Client) Image(ctx context.Context, ref string, o PullOptions) (containe
 // Pull fetches ref (a full reference, see NormalizeImageRef) through
 // containerd's transfer service, with the registry configuration of
 // o.HostsDirs (hosts.toml: mirrors, TLS, plain http) and credentials from
-// docker's config.json. It does not unpack. Errors are *PullError.
+// docker's config.json. It does not unpack. A failed transfer is a
+// *PullError naming what failed; what it fetched goes with its lease.
 func (c *Client) Pull(ctx context.Context, ref string, o PullOptions) (containerd.Image, error) {
 	named, err := reference.ParseNormalizedNamed(ref)
 	if err != nil {
