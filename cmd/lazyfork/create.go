@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -20,13 +22,18 @@ import (
 )
 
 func init() {
-	var name, hookDir, snapshotter string
+	var name, hookDir, snapshotter, pull, hostsDir string
 	register(&command{
 		name:  "create",
-		args:  "IMAGE [--name N] [--hook DIR] [-- CMD...]",
+		args:  "IMAGE [--name N] [--pull missing|always|never] [--hook DIR] [-- CMD...]",
 		short: "create and start a LazyFork container (forkable from its first instant)",
-		example: `  lazyfork create --name counter localhost/lazyfork/busybox:latest -- sh -c 'i=0; while :; do echo $i; i=$((i+1)); sleep 1; done'
+		example: `  lazyfork create python:3.12-slim --name counter -- python3 -c 'import itertools, time; [print(i, flush=True) or time.sleep(1) for i in itertools.count()]'
   lazyfork create --name agent --hook /run/lazyfork/hooks localhost/lazyfork/python:latest -- python3 /agent.py
+A missing image is pulled (--pull missing, as nerdctl): python:3.12-slim is
+docker.io/library/python:3.12-slim. The pull goes through containerd's transfer service
+with the registry configuration of hosts.toml (the config_path of the containerd at
+--address, else /etc/containerd/certs.d and /etc/docker/certs.d; --hosts-dir overrides)
+and the credentials of docker's config.json ($DOCKER_CONFIG, ~/.docker; nerdctl login).
 The container runs under io.containerd.lazyfork.v1, on the lazyfork snapshotter when
 containerd has it (else overlayfs); its output goes to a log file (see attach).
 With --hook, DIR/<id>/hook.sock on the host is /run/lazyfork-hook/hook.sock inside
@@ -35,12 +42,24 @@ With --hook, DIR/<id>/hook.sock on the host is /run/lazyfork-hook/hook.sock insi
 			fs.StringVar(&name, "name", "", "container name (also its id); default: a random id")
 			fs.StringVar(&hookDir, "hook", "", "host directory for the runtime hook socket")
 			fs.StringVar(&snapshotter, "snapshotter", "", "snapshotter (default: lazyfork if containerd has it, else overlayfs)")
+			fs.StringVar(&pull, "pull", "missing", "pull the image: missing (when containerd lacks it), always, never")
+			fs.StringVar(&hostsDir, "hosts-dir", "", "registry hosts.toml directories, ':'-separated (default: containerd's config_path, else /etc/containerd/certs.d:/etc/docker/certs.d)")
 		},
 		run: func(a *app, fs *flag.FlagSet, pos, cmd []string) error {
 			if err := needArgs(pos, 1, "IMAGE"); err != nil {
 				return err
 			}
-			id, err := a.create(pos[0], name, hookDir, snapshotter, cmd)
+			po := client.PullOptions{Address: a.g.address}
+			var err error
+			if po.Policy, err = client.ParsePullPolicy(pull); err != nil {
+				return err
+			}
+			if hostsDir != "" {
+				po.HostsDirs = filepath.SplitList(hostsDir)
+			}
+			po.Progress = os.Stderr
+			po.Terminal = isTerminal(os.Stderr)
+			id, err := a.create(pos[0], name, hookDir, snapshotter, cmd, po)
 			if err != nil {
 				return err
 			}
@@ -70,10 +89,13 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-func (a *app) create(ref, name, hookDir, sn string, cmd []string) (string, error) {
-	img, err := a.cd.GetImage(a.ctx, ref)
-	if err != nil {
-		return "", fmt.Errorf("image %s: %w (import it first, e.g. ctr -n %s images import --local FILE)", ref, err, a.g.namespace)
+func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.PullOptions) (string, error) {
+	// The name first: a pull for a container that cannot be made is wasted.
+	id := name
+	if id == "" {
+		id = randomID()
+	} else if _, err := a.cd.LoadContainer(a.ctx, id); err == nil {
+		return "", fmt.Errorf("a container named %q exists: %w", id, errdefs.ErrAlreadyExists)
 	}
 	if sn == "" {
 		sn = "overlayfs"
@@ -81,16 +103,13 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string) (string, error
 			sn = snapclient.SnapshotterName
 		}
 	}
-	if ok, err := img.IsUnpacked(a.ctx, sn); err != nil || !ok {
-		if err := img.Unpack(a.ctx, sn); err != nil {
-			return "", fmt.Errorf("unpack %s for %s: %w", ref, sn, err)
-		}
-	}
-	id := name
-	if id == "" {
-		id = randomID()
-	} else if _, err := a.cd.LoadContainer(a.ctx, id); err == nil {
-		return "", fmt.Errorf("a container named %q exists: %w", id, errdefs.ErrAlreadyExists)
+	po.Snapshotter = sn
+	// Ctrl-C during a pull cancels it; the pull then removes what it fetched.
+	pctx, stop := signal.NotifyContext(a.ctx, os.Interrupt, syscall.SIGTERM)
+	img, err := a.lf.Image(pctx, ref, po)
+	stop()
+	if err != nil {
+		return "", err
 	}
 	logPath := a.logPath(id)
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {

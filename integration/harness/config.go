@@ -74,6 +74,14 @@ func (c *Containerd) config() string {
 	w("    path = %q", c.Dir+"/opt")
 	w("  [plugins.'io.containerd.nri.v1.nri']")
 	w("    disable = true")
+	if o.HostsDir != "" {
+		w("  [plugins.'io.containerd.transfer.v1.local']")
+		w("    config_path = %q", o.HostsDir)
+		if o.EnableCRI {
+			w("  [plugins.'io.containerd.cri.v1.images'.registry]")
+			w("    config_path = %q", o.HostsDir)
+		}
+	}
 	if o.EnableCRI {
 		w("  [plugins.'io.containerd.cri.v1.runtime']")
 		w("    restrict_oom_score_adj = true")

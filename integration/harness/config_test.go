@@ -19,6 +19,7 @@ func TestConfigRendering(t *testing.T) {
 		EnableCRI:    true,
 		Runtimes:     []Runtime{{Name: "lazyfork", Type: "io.containerd.lazyfork.v1", Options: map[string]any{"SystemdCgroup": false}}},
 		ProxyPlugins: []ProxyPlugin{{Name: "lazyfork", Address: "/run/lf.sock", ExportsRoot: "/var/lib/lf"}},
+		HostsDir:     "/tmp/lfh-x/hosts",
 		ExtraTOML:    "# extra",
 	}
 	cfg = c.config()
@@ -27,6 +28,8 @@ func TestConfigRendering(t *testing.T) {
 		`runtime_type = "io.containerd.lazyfork.v1"`, "SystemdCgroup = false", `Root = "/tmp/lfh-x/runc"`,
 		`conf_dir = "/tmp/lfh-x/cni/net.d"`, "[proxy_plugins.lazyfork]", `type = "snapshot"`,
 		`root = "/var/lib/lf"`, "# extra",
+		"[plugins.'io.containerd.transfer.v1.local']\n    config_path = \"/tmp/lfh-x/hosts\"",
+		"[plugins.'io.containerd.cri.v1.images'.registry]\n    config_path = \"/tmp/lfh-x/hosts\"",
 	} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("config lacks %q:\n%s", want, cfg)

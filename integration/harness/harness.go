@@ -34,6 +34,10 @@ type Options struct {
 	Runtimes []Runtime
 	// ProxyPlugins are extra [proxy_plugins] entries.
 	ProxyPlugins []ProxyPlugin
+	// HostsDir is the registry configuration root (hosts.toml per registry
+	// host, see WriteHostsDir): config_path of the transfer service and, with
+	// EnableCRI, of CRI's image service.
+	HostsDir string
 	// ExtraTOML is appended verbatim to the generated config.
 	ExtraTOML string
 	// Debug sets containerd's log level to debug (also LAZYFORK_HARNESS_DEBUG=1).
