@@ -16,7 +16,6 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 
-	"github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/memfile"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
@@ -34,13 +33,19 @@ func init() {
 		name:  "setup",
 		args:  "[--config FILE] [--state DIR] [--print] [--no-start] [--down]",
 		short: "configure containerd for LazyFork (runtime + snapshotter proxy plugin) and start what is missing",
-		example: `  lazyfork setup --print      # show the config entries, change nothing
-  lazyfork setup              # add them to /etc/containerd/config.toml, start the snapshotter
-                              # (and containerd if it is not running)
+		example: `  lazyfork setup --print      # show the files setup would write, change nothing
+  lazyfork setup              # /etc/containerd/conf.d/lazyfork.toml (imported by config.toml),
+                              # start the snapshotter (and containerd if it is not running)
   lazyfork --address /tmp/lf/c.sock --root /tmp/lf/root setup --config /tmp/lf/config.toml --state /tmp/lf/state
                               # a private stack that leaves the system's containerd alone
-  lazyfork --address /tmp/lf/c.sock --root /tmp/lf/root setup --down   # stop what setup started
-Daemons started here run in the background; logs in --logs, pidfiles in the LazyFork root.
+  lazyfork --address /tmp/lf/c.sock --root /tmp/lf/root setup --config /tmp/lf/config.toml --down
+                              # stop what setup started, remove what it wrote
+LazyFork's containerd configuration is a drop-in, conf.d/lazyfork.toml beside the
+config file, in containerd's own config version, reached through config.toml's
+imports: setup adds the import (or creates config.toml) when it is missing, never
+repeats an entry the configuration already has (proxy_plugins.lazyfork, the CRI
+handler lazyfork), and checks the result with containerd config dump. The CRI
+handler lets lazyfork.io/* annotations through (pods annotated fork-of need it).
 A config file other than the default gets a full private config (root, state and
 sockets under --state, CRI disabled). Idempotent: a second run changes nothing.`,
 		noConn: true,
@@ -65,41 +70,6 @@ func (a *app) snapshotterAddress(o setupOpts) string {
 	return filepath.Join(a.g.root, "snapshotter.sock")
 }
 
-// configText is the whole private config, or the entries to add to an existing one.
-func (a *app) configText(o setupOpts, existing string, private bool) string {
-	var b strings.Builder
-	w := func(f string, args ...any) { fmt.Fprintf(&b, f+"\n", args...) }
-	snAddr := a.snapshotterAddress(o)
-	if private {
-		w("version = 3")
-		w("root = %q", filepath.Join(o.state, "containerd"))
-		w("state = %q", filepath.Join(o.state, "containerd-state"))
-		w("imports = []")
-		w(`disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.podsandbox.controller.v1.podsandbox"]`)
-		w("[grpc]\n  address = %q", a.g.address)
-		w("[ttrpc]\n  address = %q", a.g.address+".ttrpc")
-		w("[debug]\n  address = %q", a.g.address+".debug")
-	} else if existing == "" {
-		w("version = 3")
-	}
-	w("")
-	w("# LazyFork (lazyfork setup)")
-	w("[proxy_plugins.lazyfork]")
-	w("  type = \"snapshot\"")
-	w("  address = %q", snAddr)
-	w("  [proxy_plugins.lazyfork.exports]")
-	w("    root = %q", filepath.Join(o.state, "snapshotter"))
-	if !private {
-		key := "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.lazyfork"
-		if strings.Contains(existing, "version = 2") {
-			key = `plugins."io.containerd.grpc.v1.cri".containerd.runtimes.lazyfork`
-		}
-		w("[%s]", key)
-		w("  runtime_type = %q", client.RuntimeName)
-	}
-	return b.String()
-}
-
 func (a *app) setup(o setupOpts) error {
 	for _, p := range []*string{&o.config, &o.state, &o.logs, &a.g.root} {
 		if abs, err := filepath.Abs(*p); err == nil {
@@ -110,37 +80,23 @@ func (a *app) setup(o setupOpts) error {
 		return a.setupDown()
 	}
 	private := o.config != defaultConfig
-	existing := ""
-	if b, err := os.ReadFile(o.config); err == nil {
-		existing = string(b)
-	} else if !errors.Is(err, os.ErrNotExist) {
+	containerdBin := findBin("", "containerd")
+	plan, err := a.planConfig(o, private, containerdConfigVersion(containerdBin))
+	if err != nil {
 		return err
 	}
-	configured := strings.Contains(existing, "[proxy_plugins.lazyfork]")
-	text := a.configText(o, existing, private && existing == "")
 	if o.print {
-		fmt.Fprint(a.out, text)
+		plan.print(a)
 		return nil
 	}
-	changed := false
-	if !configured {
-		if err := os.MkdirAll(filepath.Dir(o.config), 0o755); err != nil {
+	changed, err := plan.apply(a)
+	if err != nil {
+		return err
+	}
+	if isExec(containerdBin) {
+		if err := plan.verify(containerdBin); err != nil {
 			return err
 		}
-		if existing != "" && !strings.HasSuffix(existing, "\n") {
-			existing += "\n"
-		}
-		tmp := o.config + ".lazyfork-tmp"
-		if err := os.WriteFile(tmp, []byte(existing+text), 0o644); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, o.config); err != nil {
-			return err
-		}
-		changed = true
-		fmt.Fprintf(a.out, "config: wrote LazyFork entries to %s\n", o.config)
-	} else {
-		fmt.Fprintf(a.out, "config: %s already has LazyFork's entries\n", o.config)
 	}
 	if o.noStart {
 		return nil
