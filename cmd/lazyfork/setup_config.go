@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -356,7 +358,7 @@ func (a *app) privateMain(o setupOpts, version int, imports []string) mainTOML {
 		Plugins: map[string]any{
 			// Shim sockets under the stack's own state (the default,
 			// /run/containerd/s, is shared by every containerd).
-			"io.containerd.shim.v1.manager": map[string]any{"socket_dir": filepath.Join(o.state, "containerd-state", "s")},
+			"io.containerd.shim.v1.manager": map[string]any{"socket_dir": shimSocketDir(o.state)},
 		},
 	}
 	if version >= 4 {
@@ -369,6 +371,20 @@ func (a *app) privateMain(o setupOpts, version int, imports []string) mainTOML {
 		m.Debug = &addressTOML{a.g.address + ".debug"}
 	}
 	return m
+}
+
+// maxSocketDir is the longest socket_dir containerd takes (a unix socket path
+// has 108 bytes; the shim's socket name takes the rest).
+const maxSocketDir = 42
+
+// shimSocketDir is a private stack's shim socket directory: STATE/s, or when
+// that is too long for containerd, /run/lazyfork-shims/<hash of STATE>.
+func shimSocketDir(state string) string {
+	if d := filepath.Join(state, "s"); len(d) <= maxSocketDir {
+		return d
+	}
+	sum := sha256.Sum256([]byte(state))
+	return filepath.Join("/run/lazyfork-shims", hex.EncodeToString(sum[:6]))
 }
 
 // checkSameConfig parses the new config.toml and checks it says what the old

@@ -207,7 +207,7 @@ func TestSetupConfigPrivate(t *testing.T) {
 	if v, _ := lookup(m, "plugins", "io.containerd.server.v1.grpc", "address"); v != e.a.g.address {
 		t.Errorf("grpc address %v", v)
 	}
-	if v, _ := lookup(m, "plugins", "io.containerd.shim.v1.manager", "socket_dir"); v != filepath.Join(dir, "state", "containerd-state", "s") {
+	if v, _ := lookup(m, "plugins", "io.containerd.shim.v1.manager", "socket_dir"); v != shimSocketDir(e.o.state) || len(v.(string)) > maxSocketDir {
 		t.Errorf("shim socket_dir %v", v)
 	}
 	if strings.Contains(e.read(dropInPath(e.config)), "runtimes") {
