@@ -355,7 +355,16 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 		}
 	}
 	st.Holder, st.MovedFiles = "", nil
+	dropFamilyRecord(cfg, st.Family)
 	return nil
+}
+
+// dropFamilyRecord removes ROOT/families/<family>.json (recordCharge) once the
+// store has removed the family with its last file and holder.
+func dropFamilyRecord(cfg Config, family string) {
+	if _, err := os.Lstat(filepath.Join(cfg.MemRoot(), family)); errors.Is(err, os.ErrNotExist) {
+		_ = os.Remove(FamilyRecordPath(cfg.Root, family))
+	}
 }
 
 func (s *Service) get(id string) *container {
