@@ -259,3 +259,58 @@ func TestSystemdUnits(t *testing.T) {
 		}
 	}
 }
+
+// taskPid is the pid of a running task of the stack, 0 if none runs.
+func (s *setupStack) taskPid(id string) int {
+	out, err := exec.Command(s.ctr, "--address", s.addr, "-n", s.ns, "tasks", "ls").Output()
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 3 && f[0] == id && f[2] == "RUNNING" {
+			pid, _ := strconv.Atoi(f[1])
+			return pid
+		}
+	}
+	return 0
+}
+
+// TestPrivateStacksSideBySide: two stacks made by `lazyfork setup --state`
+// (as make demo and the tests make them), the same namespace and container
+// name in both. Before, they shared runc's root (the second create failed:
+// "container with given ID already exists"), the shim socket directory and the
+// container's cgroup, and deleting one stopped the other's container.
+func TestPrivateStacksSideBySide(t *testing.T) {
+	a := newSetupStack(t, "lfpriv")
+	b := newSetupStack(t, "lfpriv")
+	for _, s := range []*setupStack{a, b} {
+		s.mustLF("create", "--name", "same", harness.BusyboxImage, "--", "sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.2; done")
+	}
+	pa, pb := a.taskPid("same"), b.taskPid("same")
+	if pa == 0 || pb == 0 {
+		t.Fatalf("tasks: %d in A, %d in B", pa, pb)
+	}
+	if ca, cb := cgroupOf(pa), cgroupOf(pb); ca == cb {
+		t.Errorf("both containers run in cgroup %s", ca)
+	}
+	for _, s := range []*setupStack{a, b} {
+		if _, err := os.Stat(filepath.Join(s.dir, "state", "runc", s.ns, "same", "state.json")); err != nil {
+			t.Errorf("runc state of %s not under its stack's state: %v", s.dir, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join("/run/containerd/runc", "lfpriv", "same")); err == nil {
+		t.Errorf("runc state in the node's /run/containerd/runc/lfpriv")
+	}
+
+	// Deleting A's container, then taking A down, leaves B's running.
+	a.mustLF("delete", "same")
+	a.mustLF(append(a.setupArgs(), "--down")...)
+	if p := b.taskPid("same"); p != pb || unix.Kill(pb, 0) != nil {
+		t.Fatalf("B's container (pid %d) is gone after A's was deleted and A taken down (now: %d)", pb, p)
+	}
+	out := b.mustLF("exec", "same", "--", "echo", "alive")
+	if !strings.Contains(out, "alive") {
+		t.Errorf("exec in B's container: %q", out)
+	}
+}

@@ -165,6 +165,9 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
+	if r.Options, err = s.cfg.privateStack(r.Options, spec, ns, r.ID); err != nil {
+		return nil, err
+	}
 	store, err := s.Store()
 	if err != nil {
 		return nil, err

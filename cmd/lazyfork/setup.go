@@ -155,6 +155,12 @@ func (a *app) setup(o setupOpts) error {
 		return nil
 	}
 	env := append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "LAZYFORK_ROOT="+a.g.root)
+	if private {
+		// Nothing of runc's state or of the containers' cgroups is shared
+		// with another stack (shim/config.go).
+		env = append(env, "LAZYFORK_RUNC_ROOT="+filepath.Join(o.state, "runc"),
+			"LAZYFORK_CGROUP_PARENT=/"+stack+"/containers")
+	}
 	pid, err := a.startDaemon("containerd", stack, containerdBin, []string{"--config", o.config}, env, o.logs)
 	if err != nil {
 		return fmt.Errorf("start containerd: %w", err)

@@ -199,13 +199,16 @@ func joinCgroup(rel string) error {
 func removeCgroups(stack string) {
 	for _, h := range cgroupHierarchies() {
 		base := filepath.Join(h, stack)
-		ents, _ := os.ReadDir(base)
-		for _, e := range ents {
-			if e.IsDir() {
-				_ = unix.Rmdir(filepath.Join(base, e.Name()))
+		var dirs []string
+		_ = filepath.WalkDir(base, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
 			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = unix.Rmdir(dirs[i])
 		}
-		_ = unix.Rmdir(base)
 		_ = unix.Rmdir(filepath.Dir(base)) // lazyfork/, when no stack is left
 	}
 }
