@@ -187,6 +187,18 @@ func joinCgroup(rel string) error {
 			errs = append(errs, err)
 			continue
 		}
+		if h == cgroupFS && isCgroup2(h) {
+			// Memory and pids accounted in the stack's own groups: enable
+			// the controllers from the top down to the leaf's parent (errors
+			// ignored: a controller the root does not delegate stays off).
+			var parents []string
+			for p := filepath.Dir(d); len(p) > len(h); p = filepath.Dir(p) {
+				parents = append([]string{p}, parents...)
+			}
+			for _, p := range parents {
+				_ = os.WriteFile(filepath.Join(p, "cgroup.subtree_control"), []byte("+memory +pids"), 0o644)
+			}
+		}
 		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte("0"), 0o644); err != nil {
 			errs = append(errs, fmt.Errorf("join cgroup %s: %w", d, err))
 		}
