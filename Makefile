@@ -2,6 +2,7 @@
 GO        ?= go
 PREFIX    ?= /usr/local
 DESTDIR   ?=
+SYSTEMDDIR ?= /etc/systemd/system
 BINDIR    := bin
 GOTESTFLAGS ?=
 # Root/real-stack tests share containerd, CRIU and cgroups: run packages one at a time.
@@ -25,13 +26,25 @@ build: ## build every binary into bin/
 	$(GO) build -o $(BINDIR)/ $(addprefix ./cmd/,$(COMMANDS))
 	ln -sf lazyfork $(BINDIR)/lfork
 
-install: build ## install the binaries into $(DESTDIR)$(PREFIX)/bin
+UNITS := lazyfork-snapshotter.service containerd.service.d/lazyfork.conf
+
+install: build ## install the binaries into $(DESTDIR)$(PREFIX)/bin and the systemd units into $(DESTDIR)$(SYSTEMDDIR) (then: lazyfork setup)
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $(addprefix $(BINDIR)/,$(COMMANDS)) $(DESTDIR)$(PREFIX)/bin/
 	ln -sf lazyfork $(DESTDIR)$(PREFIX)/bin/lfork
+	install -d $(DESTDIR)$(SYSTEMDDIR)/containerd.service.d
+	for u in $(UNITS); do \
+		sed 's|@PREFIX@|$(PREFIX)|g' deploy/systemd/$$u >$(DESTDIR)$(SYSTEMDDIR)/$$u.tmp && \
+		chmod 0644 $(DESTDIR)$(SYSTEMDDIR)/$$u.tmp && mv $(DESTDIR)$(SYSTEMDDIR)/$$u.tmp $(DESTDIR)$(SYSTEMDDIR)/$$u || exit 1; \
+	done
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
-uninstall: ## remove what install put in place
+uninstall: ## remove what install put in place (run `lazyfork setup --down` first; docs/setup.md)
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl disable --now lazyfork-snapshotter.service || true; fi
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(COMMANDS) lfork)
+	rm -f $(addprefix $(DESTDIR)$(SYSTEMDDIR)/,$(UNITS))
+	-rmdir $(DESTDIR)$(SYSTEMDDIR)/containerd.service.d 2>/dev/null
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 deps: ## install the stack (CRIU 4.1.1, containerd 2.4.2, runc, nerdctl, CNI), idempotently; root
 	bash scripts/deps.sh

@@ -34,8 +34,9 @@ teardown() {
 			lf delete "$id" >/dev/null
 		done
 	fi
-	lf setup --down --config "$D/config.toml" >/dev/null
-	# The shims mounted the LazyFork root's tmpfs; it goes once nothing maps it.
+	# Stops the daemons, removes the config, state, logs and the root's tmpfs.
+	lf setup --down --purge --config "$D/config.toml" --state "$D/state" --logs "$D/log" >/dev/null
+	# What is left (a purge refused while a shim ran): the shims mounted the LazyFork root's tmpfs; it goes once nothing maps it.
 	for m in $(awk -v d="$D/" '$2 ~ "^"d {print $2}' /proc/self/mounts | sort -r); do
 		umount -l "$m"
 	done
@@ -119,6 +120,6 @@ if ((KEEP)); then
 Kept. Try:
   $BIN/lazyfork --address $ADDR --namespace $NS --root $D/root --log-dir $D/logs attach twin
 Tear down with: LAZYFORK_DEMO_DIR=$D $0   (it tears down a previous demo first), or
-  $BIN/lazyfork --address $ADDR --root $D/root setup --down; umount -l $D/root; chattr -R -f -i $D; rm -rf $D
+  $BIN/lazyfork --address $ADDR --root $D/root setup --down --purge --config $D/config.toml --state $D/state --logs $D/log; rm -rf $D
 EOT
 fi

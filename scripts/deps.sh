@@ -4,9 +4,16 @@
 # recent kernels), containerd/ctr v2.4.2, runc v1.5.3 (seccomp), nerdctl v2.2.1 and
 # the CNI plugins. Each step prints its time and is skipped when already right.
 #
+# A binary is only replaced when its version is wrong, and then atomically (built
+# into a staging directory, renamed over the old one): a running containerd, shim
+# or an exec of runc never sees a half-written file. A binary that a running
+# process executes is not replaced unless LAZYFORK_DEPS_FORCE=1.
+#
 # Environment:
-#   LAZYFORK_CACHE  where sources and build products are cached (/var/cache/lazyfork)
-#   PREFIX          where binaries go (/usr/local)
+#   LAZYFORK_CACHE      where sources and build products are cached (/var/cache/lazyfork)
+#   PREFIX              where binaries go (/usr/local)
+#   LAZYFORK_DEPS_DRY_RUN=1  check only: print what would be installed, change nothing
+#   LAZYFORK_DEPS_FORCE=1    replace binaries even while a process runs them
 set -euo pipefail
 
 CACHE=${LAZYFORK_CACHE:-/var/cache/lazyfork}
@@ -39,6 +46,62 @@ end() {
 	step_name=""
 }
 
+# has_output PATTERN CMD...: CMD's output (stderr ignored) has a line matching
+# the extended regex PATTERN. The output is captured first: `CMD | grep -q` under
+# pipefail fails with 141 when grep exits before CMD has written everything
+# (runc --version writes four lines), which looked like a wrong version.
+has_output() {
+	local pat=$1 out
+	shift
+	out=$("$@" 2>/dev/null) || return 1
+	[[ $out =~ $pat ]]
+}
+
+DRY_RUN=${LAZYFORK_DEPS_DRY_RUN:-0}
+# would STEP WHAT: in a dry run, report what the step would do and skip it.
+would() {
+	if [ "$DRY_RUN" = 1 ]; then
+		end "would $1"
+		return 0
+	fi
+	return 1
+}
+
+# users_of FILE: pids of processes executing FILE.
+users_of() {
+	local f=$1 exe pid
+	for exe in /proc/[0-9]*/exe; do
+		[ "$(readlink "$exe" 2>/dev/null)" = "$f" ] || continue
+		pid=${exe#/proc/}
+		echo "${pid%/exe}"
+	done
+}
+
+# put_bin SRC DST: install SRC as DST by rename (atomic), refusing to replace a
+# binary a process runs unless LAZYFORK_DEPS_FORCE=1.
+put_bin() {
+	local src=$1 dst=$2 pids
+	if [ -e "$dst" ] && [ "${LAZYFORK_DEPS_FORCE:-0}" != 1 ]; then
+		pids=$(users_of "$(readlink -f "$dst")" | tr '\n' ' ')
+		[ -z "$pids" ] || die "$dst is in use (pids $pids): stop them first, or set LAZYFORK_DEPS_FORCE=1"
+	fi
+	install -m 0755 "$src" "$dst.lazyfork-new" || die "install $dst"
+	mv -f "$dst.lazyfork-new" "$dst" || die "rename $dst"
+}
+
+# go_install GOBIN_DIR [go install args...]: build into a staging directory, then
+# put_bin every binary built into GOBIN_DIR.
+go_install() {
+	local dst=$1 stage b
+	shift
+	stage=$(mktemp -d "$CACHE/stage.XXXXXX")
+	GOBIN=$stage go install "$@" || { rm -rf "$stage"; return 1; }
+	for b in "$stage"/*; do
+		put_bin "$b" "$dst/$(basename "$b")"
+	done
+	rm -rf "$stage"
+}
+
 [ "$(id -u)" = 0 ] || { echo "deps: must run as root" >&2; exit 1; }
 mkdir -p "$CACHE" "$PREFIX/bin" "$PREFIX/sbin"
 
@@ -46,8 +109,11 @@ mkdir -p "$CACHE" "$PREFIX/bin" "$PREFIX/sbin"
 begin apt
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+	has_output "ok installed" dpkg-query -W -f='${Status}' "$p" || missing+=("$p")
 done
+if [ ${#missing[@]} -gt 0 ]; then
+	would "install ${missing[*]}" && missing=()
+fi
 if [ ${#missing[@]} -gt 0 ]; then
 	apt-get update -qq || die "apt-get update"
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
@@ -60,17 +126,21 @@ fi
 # bookworm's criu 3.17 fails on this kernel ("Unexpected rt vDSO area bounds");
 # remove it so runc cannot pick it up from /usr/sbin.
 begin criu-old
-if dpkg-query -W -f='${Status}' criu 2>/dev/null | grep -q "ok installed"; then
-	DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq criu >/dev/null || die "apt-get remove criu"
-	end "removed Debian criu"
+if has_output "ok installed" dpkg-query -W -f='${Status}' criu; then
+	if ! would "remove Debian criu"; then
+		DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq criu >/dev/null || die "apt-get remove criu"
+		end "removed Debian criu"
+	fi
 else
 	end "none installed"
 fi
 
 # --- CRIU ----------------------------------------------------------------------
 begin criu
-if "$PREFIX/sbin/criu" --version 2>/dev/null | grep -q "Version: $CRIU_VERSION"; then
+if has_output "Version: $CRIU_VERSION" "$PREFIX/sbin/criu" --version; then
 	end "$CRIU_VERSION present"
+elif would "build CRIU $CRIU_VERSION"; then
+	:
 else
 	src=$CACHE/criu
 	mkdir -p "$src"
@@ -97,45 +167,55 @@ else
 		tar -C "$src" -xf "$tarball" || die "untar CRIU"
 		make -C "$build" -j"$(nproc)" criu >"$src/build.log" 2>&1 || { tail -30 "$src/build.log" >&2; die "make criu"; }
 	fi
-	install -m 0755 "$build/criu/criu" "$PREFIX/sbin/criu"
+	put_bin "$build/criu/criu" "$PREFIX/sbin/criu"
 	end "built $CRIU_VERSION"
 fi
 begin criu-check
-out=$("$PREFIX/sbin/criu" check 2>&1) || die "criu check: $out"
-echo "$out" | grep -q "Looks good" || die "criu check: $out"
-end "criu check: Looks good"
+if [ "$DRY_RUN" = 1 ] && [ ! -x "$PREFIX/sbin/criu" ]; then
+	end "skipped (no criu yet)"
+else
+	out=$("$PREFIX/sbin/criu" check 2>&1) || die "criu check: $out"
+	[[ $out == *"Looks good"* ]] || die "criu check: $out"
+	end "criu check: Looks good"
+fi
 
 # --- Go-built binaries (module cache and build cache make re-runs cheap) -----
 
 begin containerd
-if containerd --version 2>/dev/null | grep -q " $CONTAINERD_VERSION " \
-	&& ctr --version 2>/dev/null | grep -q "$CONTAINERD_VERSION" \
+if has_output " $CONTAINERD_VERSION " containerd --version \
+	&& has_output "$CONTAINERD_VERSION" ctr --version \
 	&& [ -x "$PREFIX/bin/containerd-shim-runc-v2" ]; then
 	end "$CONTAINERD_VERSION present"
+elif would "install containerd $CONTAINERD_VERSION"; then
+	:
 else
-	GOBIN=$PREFIX/bin go install \
+	go_install "$PREFIX/bin" \
 		-ldflags "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
 		github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION \
 		github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION \
 		|| die "go install containerd $CONTAINERD_VERSION"
-	containerd --version | grep -q "$CONTAINERD_VERSION" || die "containerd --version: $(containerd --version)"
+	has_output "$CONTAINERD_VERSION" containerd --version || die "containerd --version: $(containerd --version)"
 	end "installed $CONTAINERD_VERSION"
 fi
 
 begin runc
-if runc --version 2>/dev/null | grep -q "runc version ${RUNC_VERSION#v}"; then
+if has_output "runc version ${RUNC_VERSION#v}" runc --version; then
 	end "$RUNC_VERSION present"
+elif would "install runc $RUNC_VERSION"; then
+	:
 else
-	GOBIN=$PREFIX/sbin go install -tags seccomp \
+	go_install "$PREFIX/sbin" -tags seccomp \
 		-ldflags "-X main.version=${RUNC_VERSION#v}" \
 		github.com/opencontainers/runc@$RUNC_VERSION || die "go install runc $RUNC_VERSION"
 	end "installed $RUNC_VERSION"
 fi
 
 begin nerdctl
-if nerdctl --version 2>/dev/null | grep -q "version ${NERDCTL_VERSION#v}$"; then
+if has_output "version ${NERDCTL_VERSION#v}\$" nerdctl --version; then
 	end "$NERDCTL_VERSION present"
+elif would "install nerdctl $NERDCTL_VERSION"; then
+	:
 else
 	# The module's go.mod replaces a test-only module (./mod/tigron) that the
 	# proxy does not serve: build from a patched copy without its test helpers.
@@ -146,7 +226,7 @@ else
 	rm -f "$work/cmd/nerdctl/helpers/testing_linux.go"
 	mkdir -p "$work/mod/tigron"
 	printf 'module github.com/containerd/nerdctl/mod/tigron\n\ngo 1.24\n' >"$work/mod/tigron/go.mod"
-	(cd "$work" && GOBIN=$PREFIX/bin GOFLAGS=-mod=mod go install \
+	(cd "$work" && GOFLAGS=-mod=mod go_install "$PREFIX/bin" \
 		-ldflags "-X github.com/containerd/nerdctl/v2/pkg/version.Version=$NERDCTL_VERSION" \
 		./cmd/nerdctl) || die "build nerdctl"
 	end "installed $NERDCTL_VERSION"
@@ -155,9 +235,11 @@ fi
 begin cni
 if [ -x /opt/cni/bin/bridge ] && [ -f /opt/cni/bin/.lazyfork-$CNI_VERSION ]; then
 	end "$CNI_VERSION present"
+elif would "install CNI plugins $CNI_VERSION"; then
+	:
 else
 	mkdir -p /opt/cni/bin
-	GOBIN=/opt/cni/bin go install \
+	go_install /opt/cni/bin \
 		github.com/containernetworking/plugins/plugins/main/bridge@$CNI_VERSION \
 		github.com/containernetworking/plugins/plugins/main/loopback@$CNI_VERSION \
 		github.com/containernetworking/plugins/plugins/ipam/host-local@$CNI_VERSION \
@@ -168,8 +250,12 @@ else
 fi
 
 begin versions
-echo "deps: criu $("$PREFIX/sbin/criu" --version | head -1)"
-echo "deps: $(containerd --version)"
-echo "deps: $(runc --version | head -1)"
-echo "deps: $(nerdctl --version)"
-end "all present"
+if [ "$DRY_RUN" = 1 ]; then
+	end "dry run: nothing changed"
+else
+	out=$("$PREFIX/sbin/criu" --version); echo "deps: criu ${out%%$'\n'*}"
+	echo "deps: $(containerd --version)"
+	out=$(runc --version); echo "deps: ${out%%$'\n'*}"
+	echo "deps: $(nerdctl --version)"
+	end "all present"
+fi

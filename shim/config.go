@@ -10,7 +10,11 @@ import (
 	"strings"
 	"time"
 
+	runcopts "github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
@@ -86,6 +90,43 @@ type Config struct {
 	// Rehome moves a container's private memory onto its family's memory
 	// files at each checkpoint (lazyfork.io/rehome=false opts one out).
 	Rehome bool
+	// RuncRoot is runc's state root for containers whose runtime options name
+	// none ("": runc's /run/containerd/runc). CgroupParent, when set, holds the
+	// cgroups of containers that have containerd's default cgroupsPath
+	// (/NAMESPACE/ID). `lazyfork setup` sets both for a private stack, so that
+	// two stacks never share runc's state or a cgroup: the same container id
+	// in both collided in runc's root, and stopping one killed the other's
+	// processes in their common cgroup.
+	RuncRoot, CgroupParent string
+}
+
+// privateStack gives a container being created the stack's own runc root
+// (in its runtime options, which runc's shim keeps in the bundle for `shim
+// delete` too) and cgroup parent (in its spec).
+func (c Config) privateStack(opts *types.Any, spec *specs.Spec, ns, id string) (*types.Any, error) {
+	if c.CgroupParent != "" && spec.Linux != nil && spec.Linux.CgroupsPath == "/"+ns+"/"+id {
+		spec.Linux.CgroupsPath = filepath.Join(c.CgroupParent, ns, id)
+	}
+	if c.RuncRoot == "" {
+		return opts, nil
+	}
+	ro := &runcopts.Options{}
+	if opts != nil && (len(opts.GetValue()) > 0 || opts.GetTypeUrl() != "") {
+		v, err := typeurl.UnmarshalAny(opts)
+		if err != nil {
+			return nil, fmt.Errorf("task options: %w", err)
+		}
+		o, ok := v.(*runcopts.Options)
+		if !ok {
+			return opts, nil // createOptions has turned every kind it takes into runc's
+		}
+		if o.Root != "" {
+			return opts, nil
+		}
+		ro = o
+	}
+	ro.Root = c.RuncRoot
+	return typeurl.MarshalAnyToProto(ro)
 }
 
 // DefaultArchiveDir is where kubelet writes checkpoint archives.
@@ -99,7 +140,8 @@ func (c Config) MemRoot() string { return filepath.Join(c.Root, "mem") }
 
 // ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE, LAZYFORK_OVERCOMMIT,
 // LAZYFORK_CRIU_VERBOSITY, LAZYFORK_MADVISE, LAZYFORK_ARCHIVE_DIRS,
-// LAZYFORK_RESTORE_TIMEOUT and LAZYFORK_REHOME.
+// LAZYFORK_RESTORE_TIMEOUT, LAZYFORK_REHOME, LAZYFORK_RUNC_ROOT and
+// LAZYFORK_CGROUP_PARENT.
 func ConfigFromEnv() (Config, error) {
 	c := Config{Root: DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
 		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true}
@@ -140,6 +182,17 @@ func ConfigFromEnv() (Config, error) {
 			return c, fmt.Errorf("LAZYFORK_ROOT %q must be absolute: %w", v, errdefs.ErrInvalidArgument)
 		}
 		c.Root = filepath.Clean(v)
+	}
+	for _, e := range []struct {
+		name string
+		dst  *string
+	}{{"LAZYFORK_RUNC_ROOT", &c.RuncRoot}, {"LAZYFORK_CGROUP_PARENT", &c.CgroupParent}} {
+		if v := os.Getenv(e.name); v != "" {
+			if !filepath.IsAbs(v) || strings.Contains(v, "..") {
+				return c, fmt.Errorf("%s %q must be an absolute path: %w", e.name, v, errdefs.ErrInvalidArgument)
+			}
+			*e.dst = filepath.Clean(v)
+		}
 	}
 	if v := os.Getenv("LAZYFORK_TMPFS_SIZE"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)

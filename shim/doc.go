@@ -38,6 +38,10 @@
 //
 // The shim is started by containerd and inherits its environment:
 //
+//	LAZYFORK_RUNC_ROOT   runc's state root when runtime options give none (default /run/containerd/runc)
+//	LAZYFORK_CGROUP_PARENT  parent of the cgroups of containers with containerd's default
+//	                     cgroupsPath /NAMESPACE/ID (PARENT/NAMESPACE/ID); setup sets both for
+//	                     a private stack, so that two stacks share neither
 //	LAZYFORK_ROOT        tmpfs root (default /run/lazyfork); memory files in ROOT/mem
 //	LAZYFORK_TMPFS_SIZE  size of that tmpfs in bytes when LazyFork mounts it (default: half of RAM)
 //	LAZYFORK_OVERCOMMIT  "2" (default), "0", "1", or "off" to leave the host's value visible

@@ -165,6 +165,9 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
+	if r.Options, err = s.cfg.privateStack(r.Options, spec, ns, r.ID); err != nil {
+		return nil, err
+	}
 	store, err := s.Store()
 	if err != nil {
 		return nil, err
@@ -355,7 +358,16 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 		}
 	}
 	st.Holder, st.MovedFiles = "", nil
+	dropFamilyRecord(cfg, st.Family)
 	return nil
+}
+
+// dropFamilyRecord removes ROOT/families/<family>.json (recordCharge) once the
+// store has removed the family with its last file and holder.
+func dropFamilyRecord(cfg Config, family string) {
+	if _, err := os.Lstat(filepath.Join(cfg.MemRoot(), family)); errors.Is(err, os.ErrNotExist) {
+		_ = os.Remove(FamilyRecordPath(cfg.Root, family))
+	}
 }
 
 func (s *Service) get(id string) *container {

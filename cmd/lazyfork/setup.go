@@ -15,8 +15,8 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
 
-	"github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/memfile"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
@@ -24,25 +24,38 @@ import (
 const defaultConfig = "/etc/containerd/config.toml"
 
 type setupOpts struct {
-	config, state, logs  string
-	print, noStart, down bool
+	config, state, logs         string
+	print, noStart, down, purge bool
 }
 
 func init() {
 	var o setupOpts
 	register(&command{
 		name:  "setup",
-		args:  "[--config FILE] [--state DIR] [--print] [--no-start] [--down]",
+		args:  "[--config FILE] [--state DIR] [--logs DIR] [--print] [--no-start] [--down [--purge]]",
 		short: "configure containerd for LazyFork (runtime + snapshotter proxy plugin) and start what is missing",
-		example: `  lazyfork setup --print      # show the config entries, change nothing
-  lazyfork setup              # add them to /etc/containerd/config.toml, start the snapshotter
-                              # (and containerd if it is not running)
+		example: `  lazyfork setup --print      # show the files setup would write, change nothing
+  lazyfork setup              # /etc/containerd/conf.d/lazyfork.toml (imported by config.toml),
+                              # start the snapshotter (and containerd if it is not running)
   lazyfork --address /tmp/lf/c.sock --root /tmp/lf/root setup --config /tmp/lf/config.toml --state /tmp/lf/state
                               # a private stack that leaves the system's containerd alone
-  lazyfork --address /tmp/lf/c.sock --root /tmp/lf/root setup --down   # stop what setup started
-Daemons started here run in the background; logs in --logs, pidfiles in the LazyFork root.
+  lazyfork --address /tmp/lf/c.sock --root /tmp/lf/root setup --config /tmp/lf/config.toml --down
+                              # stop what setup started, remove what it wrote
+  lazyfork setup --down --purge                  # ... and the state, logs and memory files
+LazyFork's containerd configuration is a drop-in, conf.d/lazyfork.toml beside the
+config file, in containerd's own config version, reached through config.toml's
+imports: setup adds the import (or creates config.toml) when it is missing, never
+repeats an entry the configuration already has (proxy_plugins.lazyfork, the CRI
+handler lazyfork), and checks the result with containerd config dump. The CRI
+handler lets lazyfork.io/* annotations through (pods annotated fork-of need it).
 A config file other than the default gets a full private config (root, state and
-sockets under --state, CRI disabled). Idempotent: a second run changes nothing.`,
+sockets under --state, CRI disabled). Idempotent: a second run changes nothing.
+Daemons: where systemd is PID 1, the node's setup enables lazyfork-snapshotter.service
+(installed by make install, with a drop-in giving containerd.service LazyFork's
+environment). Otherwise, and for private stacks, setup starts the snapshotter (and
+containerd when none answers) under "lazyfork supervise", which restarts a daemon
+that dies, each in a cgroup of its own (lazyfork/<stack>/<daemon> in every
+hierarchy), not the caller's; logs in --logs, pidfiles in the LazyFork root.`,
 		noConn: true,
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&o.config, "config", defaultConfig, "containerd config file")
@@ -50,7 +63,8 @@ sockets under --state, CRI disabled). Idempotent: a second run changes nothing.`
 			fs.StringVar(&o.logs, "logs", "/var/log/lazyfork", "daemon logs")
 			fs.BoolVar(&o.print, "print", false, "print the config, change nothing")
 			fs.BoolVar(&o.noStart, "no-start", false, "write the config only")
-			fs.BoolVar(&o.down, "down", false, "stop the containerd and snapshotter that setup started")
+			fs.BoolVar(&o.down, "down", false, "undo setup: stop the daemons it started (or disable its systemd unit), remove the drop-in (and a config.toml it created)")
+			fs.BoolVar(&o.purge, "purge", false, "with --down: also remove --state, --logs and the LazyFork root (its tmpfs and memory files)")
 		},
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 0, "no arguments"); err != nil {
@@ -65,85 +79,45 @@ func (a *app) snapshotterAddress(o setupOpts) string {
 	return filepath.Join(a.g.root, "snapshotter.sock")
 }
 
-// configText is the whole private config, or the entries to add to an existing one.
-func (a *app) configText(o setupOpts, existing string, private bool) string {
-	var b strings.Builder
-	w := func(f string, args ...any) { fmt.Fprintf(&b, f+"\n", args...) }
-	snAddr := a.snapshotterAddress(o)
-	if private {
-		w("version = 3")
-		w("root = %q", filepath.Join(o.state, "containerd"))
-		w("state = %q", filepath.Join(o.state, "containerd-state"))
-		w("imports = []")
-		w(`disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.podsandbox.controller.v1.podsandbox"]`)
-		w("[grpc]\n  address = %q", a.g.address)
-		w("[ttrpc]\n  address = %q", a.g.address+".ttrpc")
-		w("[debug]\n  address = %q", a.g.address+".debug")
-	} else if existing == "" {
-		w("version = 3")
-	}
-	w("")
-	w("# LazyFork (lazyfork setup)")
-	w("[proxy_plugins.lazyfork]")
-	w("  type = \"snapshot\"")
-	w("  address = %q", snAddr)
-	w("  [proxy_plugins.lazyfork.exports]")
-	w("    root = %q", filepath.Join(o.state, "snapshotter"))
-	if !private {
-		key := "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.lazyfork"
-		if strings.Contains(existing, "version = 2") {
-			key = `plugins."io.containerd.grpc.v1.cri".containerd.runtimes.lazyfork`
-		}
-		w("[%s]", key)
-		w("  runtime_type = %q", client.RuntimeName)
-	}
-	return b.String()
-}
-
 func (a *app) setup(o setupOpts) error {
 	for _, p := range []*string{&o.config, &o.state, &o.logs, &a.g.root} {
 		if abs, err := filepath.Abs(*p); err == nil {
 			*p = abs
 		}
 	}
-	if o.down {
-		return a.setupDown()
+	if o.purge && !o.down {
+		return fmt.Errorf("--purge goes with --down: %w", errdefs.ErrInvalidArgument)
 	}
 	private := o.config != defaultConfig
-	existing := ""
-	if b, err := os.ReadFile(o.config); err == nil {
-		existing = string(b)
-	} else if !errors.Is(err, os.ErrNotExist) {
+	useSystemd := !private && systemdPID1()
+	if o.down {
+		return a.setupDown(o, useSystemd)
+	}
+	containerdBin := findBin("", "containerd")
+	plan, err := a.planConfig(o, private, containerdConfigVersion(containerdBin))
+	if err != nil {
 		return err
 	}
-	configured := strings.Contains(existing, "[proxy_plugins.lazyfork]")
-	text := a.configText(o, existing, private && existing == "")
 	if o.print {
-		fmt.Fprint(a.out, text)
+		plan.print(a)
 		return nil
 	}
-	changed := false
-	if !configured {
-		if err := os.MkdirAll(filepath.Dir(o.config), 0o755); err != nil {
+	changed, err := plan.apply(a)
+	if err != nil {
+		return err
+	}
+	if isExec(containerdBin) {
+		if err := plan.verify(containerdBin); err != nil {
 			return err
 		}
-		if existing != "" && !strings.HasSuffix(existing, "\n") {
-			existing += "\n"
-		}
-		tmp := o.config + ".lazyfork-tmp"
-		if err := os.WriteFile(tmp, []byte(existing+text), 0o644); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, o.config); err != nil {
-			return err
-		}
-		changed = true
-		fmt.Fprintf(a.out, "config: wrote LazyFork entries to %s\n", o.config)
-	} else {
-		fmt.Fprintf(a.out, "config: %s already has LazyFork's entries\n", o.config)
 	}
 	if o.noStart {
 		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if useSystemd {
+		return a.setupSystemd(ctx, changed)
 	}
 	if err := memfile.EnsureTmpfs(a.g.root, halfOfRAM()); err != nil {
 		return err
@@ -153,26 +127,24 @@ func (a *app) setup(o setupOpts) error {
 	}
 	self, _ := os.Executable()
 	binDir := filepath.Dir(self)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	stack := stackCgroup(a.g.root)
 
 	snAddr := a.snapshotterAddress(o)
 	if snapshotterUp(ctx, snAddr) {
 		fmt.Fprintf(a.out, "snapshotter: running at %s\n", snAddr)
 	} else {
 		bin := findBin(binDir, "lazyfork-snapshotter")
-		pid, err := startDaemon(bin, []string{"--root", filepath.Join(o.state, "snapshotter"), "--address", snAddr},
-			nil, filepath.Join(o.logs, "snapshotter.log"), filepath.Join(a.g.root, "snapshotter.pid"))
+		pid, err := a.startDaemon("snapshotter", stack, bin, []string{"--root", filepath.Join(o.state, "snapshotter"), "--address", snAddr}, nil, o.logs)
 		if err != nil {
 			return fmt.Errorf("start lazyfork-snapshotter: %w", err)
 		}
 		for !snapshotterUp(ctx, snAddr) {
 			if ctx.Err() != nil || !alive(pid) {
-				return fmt.Errorf("lazyfork-snapshotter (pid %d) does not answer at %s; see %s", pid, snAddr, filepath.Join(o.logs, "snapshotter.log"))
+				return fmt.Errorf("lazyfork-snapshotter (supervisor pid %d) does not answer at %s; see %s", pid, snAddr, filepath.Join(o.logs, "snapshotter.log"))
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		fmt.Fprintf(a.out, "snapshotter: started (pid %d) at %s, log %s\n", pid, snAddr, filepath.Join(o.logs, "snapshotter.log"))
+		fmt.Fprintf(a.out, "snapshotter: started (supervisor pid %d, cgroup %s/snapshotter) at %s, log %s\n", pid, stack, snAddr, filepath.Join(o.logs, "snapshotter.log"))
 	}
 
 	if v, ok := containerdUp(ctx, a.g.address); ok {
@@ -183,50 +155,78 @@ func (a *app) setup(o setupOpts) error {
 		return nil
 	}
 	env := append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "LAZYFORK_ROOT="+a.g.root)
-	pid, err := startDaemon(findBin("", "containerd"), []string{"--config", o.config}, env,
-		filepath.Join(o.logs, "containerd.log"), filepath.Join(a.g.root, "containerd.pid"))
+	if private {
+		// Nothing of runc's state or of the containers' cgroups is shared
+		// with another stack (shim/config.go).
+		env = append(env, "LAZYFORK_RUNC_ROOT="+filepath.Join(o.state, "runc"),
+			"LAZYFORK_CGROUP_PARENT=/"+stack+"/containers")
+	}
+	pid, err := a.startDaemon("containerd", stack, containerdBin, []string{"--config", o.config}, env, o.logs)
 	if err != nil {
 		return fmt.Errorf("start containerd: %w", err)
 	}
 	for {
 		if v, ok := containerdUp(ctx, a.g.address); ok {
-			fmt.Fprintf(a.out, "containerd: %s started (pid %d) at %s, log %s\n", v, pid, a.g.address, filepath.Join(o.logs, "containerd.log"))
+			fmt.Fprintf(a.out, "containerd: %s started (supervisor pid %d, cgroup %s/containerd) at %s, log %s\n", v, pid, stack, a.g.address, filepath.Join(o.logs, "containerd.log"))
 			return nil
 		}
 		if ctx.Err() != nil || !alive(pid) {
-			return fmt.Errorf("containerd (pid %d) does not answer at %s; see %s", pid, a.g.address, filepath.Join(o.logs, "containerd.log"))
+			return fmt.Errorf("containerd (supervisor pid %d) does not answer at %s; see %s", pid, a.g.address, filepath.Join(o.logs, "containerd.log"))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-// setupDown stops the daemons whose pidfiles setup wrote, containerd first.
-func (a *app) setupDown() error {
+// setupDown undoes setup: it stops the daemons whose pidfiles setup wrote
+// (containerd first) or disables the systemd unit it enabled, removes the
+// configuration setup wrote and the stack's cgroups, and with --purge the
+// state, logs and LazyFork root.
+func (a *app) setupDown(o setupOpts, useSystemd bool) error {
 	var errs []error
 	for _, name := range []string{"containerd", "snapshotter"} {
 		pf := filepath.Join(a.g.root, name+".pid")
-		b, err := os.ReadFile(pf)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if pid <= 1 {
-			continue
-		}
-		if alive(pid) {
-			_ = syscall.Kill(pid, syscall.SIGTERM)
-			deadline := time.Now().Add(20 * time.Second)
-			for alive(pid) && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Millisecond)
-			}
-			if alive(pid) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
+		child := filepath.Join(a.g.root, name+".child.pid")
+		pid := readPidFile(pf)
+		if pid > 1 && alive(pid) {
+			stopPid(pid, 25*time.Second)
 			fmt.Fprintf(a.out, "%s: stopped (pid %d)\n", name, pid)
 		}
+		// A supervisor that died leaves its daemon running.
+		if c := readPidFile(child); c > 1 && alive(c) {
+			stopPid(c, 20*time.Second)
+			fmt.Fprintf(a.out, "%s: stopped (pid %d)\n", name, c)
+		}
 		os.Remove(pf)
+		os.Remove(child)
+	}
+	if useSystemd {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if err := a.downSystemd(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := a.removeConfig(o.config); err != nil {
+		errs = append(errs, err)
+	}
+	removeCgroups(stackCgroup(a.g.root))
+	if o.purge {
+		if err := a.purge(o); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
+}
+
+func stopPid(pid int, grace time.Duration) {
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(grace)
+	for alive(pid) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if alive(pid) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
 
 func findBin(dir, name string) string {
@@ -246,15 +246,23 @@ func isExec(p string) bool {
 	return err == nil && fi.Mode()&0o111 != 0
 }
 
-// startDaemon runs bin in its own session, detached, output to logPath, and
-// records its pid in pidPath (atomically).
-func startDaemon(bin string, args, env []string, logPath, pidPath string) (int, error) {
+// startDaemon runs bin under `lazyfork supervise` (restarted when it dies),
+// in its own session and in the cgroup stack/name, output to logs/name.log; the
+// supervisor's pid goes to ROOT/name.pid, the daemon's to ROOT/name.child.pid.
+func (a *app) startDaemon(name, stack, bin string, args, env []string, logs string) (int, error) {
+	logPath := filepath.Join(logs, name+".log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return 0, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, args...)
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	sup := append([]string{"supervise", "--child-pidfile", filepath.Join(a.g.root, name+".child.pid"),
+		"--cgroup", stack + "/" + name, "--", bin}, args...)
+	cmd := exec.Command(self, sup...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -263,11 +271,7 @@ func startDaemon(bin string, args, env []string, logPath, pidPath string) (int, 
 	}
 	pid := cmd.Process.Pid
 	_ = cmd.Process.Release()
-	tmp := pidPath + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
-		return pid, err
-	}
-	return pid, os.Rename(tmp, pidPath)
+	return pid, writePidFile(filepath.Join(a.g.root, name+".pid"), pid)
 }
 
 func alive(pid int) bool {
