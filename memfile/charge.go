@@ -15,8 +15,12 @@ import (
 // move's helper joins its memory cgroup). The writer records it here, for the
 // tools (lazyfork mem); GC drops the record with the file.
 
+func (s *Store) chargesDir(family string) string {
+	return filepath.Join(s.stateDir(family), "charges")
+}
+
 func (s *Store) chargePath(family, file string) string {
-	return filepath.Join(s.stateDir(family), "charges", file)
+	return filepath.Join(s.chargesDir(family), file)
 }
 
 // SetCharge records the memory cgroup the pages of a family's file are
@@ -41,7 +45,7 @@ func (s *Store) Charges(family string) (map[string]string, error) {
 	if err := checkFamily(family); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(s.stateDir(family), "charges")
+	dir := s.chargesDir(family)
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil

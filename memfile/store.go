@@ -471,7 +471,7 @@ func (s *Store) dropIfEmptyLocked(ctx context.Context, family string, holders in
 	// file last, so that a waiter relocks (see lockFamily) only once the
 	// family is gone. A directory recreated meanwhile simply stays.
 	state := s.stateDir(family)
-	for _, d := range []string{s.refsDir(family), vdir} {
+	for _, d := range []string{s.refsDir(family), vdir, s.chargesDir(family)} {
 		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
