@@ -12,10 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/lazyfork/lazyfork/integration/harness"
-	"github.com/lazyfork/lazyfork/internal/testutil"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
@@ -338,68 +335,5 @@ func TestCLI(t *testing.T) {
 	}
 	if snaps := e.snapshotsLeft(t); len(snaps) != 0 {
 		t.Errorf("snapshots left: %v", snaps)
-	}
-}
-
-// TestCLISetup: setup on private dirs writes the config, starts the
-// snapshotter and containerd in the background, is idempotent, and --down
-// stops what it started.
-func TestCLISetup(t *testing.T) {
-	testutil.RequiresRoot(t)
-	testutil.RequiresBinary(t, "containerd")
-	bin := lfBin(t)
-	dir, err := os.MkdirTemp("/tmp", "lfs-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	root := filepath.Join(dir, "root")
-	lf := func(args ...string) (string, error) {
-		full := append([]string{"--address", filepath.Join(dir, "c.sock"), "--namespace", "lfs", "--root", root}, args...)
-		out, err := exec.Command(filepath.Join(bin, "lazyfork"), full...).CombinedOutput()
-		return string(out), err
-	}
-	setup := []string{"setup", "--config", filepath.Join(dir, "config.toml"), "--state", filepath.Join(dir, "state"), "--logs", filepath.Join(dir, "log")}
-	t.Cleanup(func() {
-		if out, err := lf(append(setup, "--down")...); err != nil {
-			t.Errorf("setup --down: %v\n%s", err, out)
-		}
-		for _, name := range []string{"containerd", "snapshotter"} {
-			if _, err := os.Stat(filepath.Join(root, name+".pid")); err == nil {
-				t.Errorf("%s pidfile left after --down", name)
-			}
-		}
-		if mounts, _ := harness.MountsUnder(dir); len(mounts) > 0 {
-			for i := len(mounts) - 1; i >= 0; i-- {
-				_ = unix.Unmount(mounts[i], unix.MNT_DETACH)
-			}
-		}
-		os.RemoveAll(dir)
-	})
-	printed, err := lf(append(setup, "--print")...)
-	if err != nil || !strings.Contains(printed, "[proxy_plugins.lazyfork]") || !strings.Contains(printed, `type = "snapshot"`) {
-		t.Fatalf("setup --print: %v\n%s", err, printed)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "config.toml")); !os.IsNotExist(err) {
-		t.Errorf("--print wrote the config: %v", err)
-	}
-	out, err := lf(setup...)
-	if err != nil || !strings.Contains(out, "containerd: v2.") || !strings.Contains(out, "snapshotter: started") {
-		t.Fatalf("setup: %v\n%s", err, out)
-	}
-	t.Logf("setup:\n%s", out)
-	cfg, _ := os.ReadFile(filepath.Join(dir, "config.toml"))
-	if !strings.Contains(string(cfg), "[proxy_plugins.lazyfork]") {
-		t.Errorf("config:\n%s", cfg)
-	}
-	again, err := lf(setup...)
-	if err != nil || !strings.Contains(again, "already has") || !strings.Contains(again, "snapshotter: running") || !strings.Contains(again, "running at") {
-		t.Errorf("second setup: %v\n%s", err, again)
-	}
-	if cfg2, _ := os.ReadFile(filepath.Join(dir, "config.toml")); string(cfg2) != string(cfg) {
-		t.Errorf("second setup changed the config")
-	}
-	st, err := lf("status", "--format", "json")
-	if err != nil || !strings.Contains(st, `"snapshotter": "lazyfork (proxy plugin)"`) {
-		t.Errorf("status on the stack setup started: %v\n%s", err, st)
 	}
 }

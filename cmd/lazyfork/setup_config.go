@@ -563,30 +563,3 @@ func firstLine(b []byte) []byte {
 	}
 	return b
 }
-
-// configText is what `setup --print` shows for a config.toml holding
-// existing ("" for none). (main_test.go's TestSetupPrint calls it; the tests
-// of the drop-in are in setup_config_test.go.)
-func (a *app) configText(o setupOpts, existing string, private bool) string {
-	dir, err := os.MkdirTemp("", "lazyfork-setup-print")
-	if err != nil {
-		return ""
-	}
-	defer os.RemoveAll(dir)
-	o.config = filepath.Join(dir, "config.toml")
-	if existing != "" {
-		if err := os.WriteFile(o.config, []byte(existing), 0o644); err != nil {
-			return ""
-		}
-	}
-	p, err := a.planConfig(o, private, containerdConfigVersion(findBin("", "containerd")))
-	if err != nil {
-		return err.Error()
-	}
-	var b bytes.Buffer
-	out := a.out
-	a.out = &b
-	p.print(a)
-	a.out = out
-	return b.String()
-}
