@@ -48,6 +48,8 @@ type Service struct {
 	storeMu sync.Mutex
 	store   *memfile.Store // opened on first use, guarded by storeMu
 
+	criuEnvOnce sync.Once // CRIU_CONFIG_FILE set for the CRIU runs of this shim
+
 	mu         sync.Mutex
 	containers map[string]*container // by container id, guarded by mu
 	thawed     map[string]bool       // tasks thawed by a checkpoint, whose next Resume is done; guarded by mu
@@ -296,6 +298,11 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			return nil, fmt.Errorf("CRIU configuration: %w", err)
 		}
 		withCRIUConfig(spec, conf)
+		s.criuEnvOnce.Do(func() {
+			if err := setCRIUEnvConfig(s.cfg.Root); err != nil {
+				log.G(ctx).WithError(err).Warn("lazyfork: CRIU configuration (CRIU_CONFIG_FILE): dumps keep CRIU's iptables network lock")
+			}
+		})
 	}
 	if err := writeSpec(r.Bundle, spec); err != nil {
 		return nil, err
