@@ -39,6 +39,7 @@ type rehomeResult struct {
 	Bytes    int64
 	ByTracer int64 // of Bytes, copied by the helper instead of the process
 	Duration time.Duration
+	Helper   rehomeReply // the helper's own account (calls, timings)
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
 	NoNewPrivs []int
@@ -145,6 +146,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		return res, err
 	}
 	res.VMAs, res.Bytes, res.ByTracer, res.NoNewPrivs = reply.VMAs, reply.Bytes, reply.ByTracer, reply.NoNewPrivs
+	res.Helper = *reply
 	if reply.Err != "" {
 		return res, errors.New(reply.Err)
 	}
@@ -184,6 +186,10 @@ type rehomeReply struct {
 	VMAs       int    `json:"vmas"`               // VMAs moved whole
 	Bytes      int64  `json:"bytes"`              // bytes written into the file
 	ByTracer   int64  `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
+	Calls      int    `json:"calls"`              // pwrite calls the processes made
+	// Where the helper's time went: seizing the tree, planning (reading
+	// smaps and pagemaps), copying and mapping.
+	Seize, Plan, Move time.Duration
 	NoNewPrivs []int  `json:"noNewPrivs,omitempty"`
 	Err        string `json:"err,omitempty"`
 }
@@ -237,10 +243,12 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 		return fail(err)
 	}
 	defer f.Close()
+	t0 := time.Now()
 	tr, err := rehome.Seize(req.Freezer, req.Pids...)
 	if err != nil {
 		return fail(err)
 	}
+	reply.Seize = time.Since(t0)
 	var errs []error
 	defer func() {
 		if err := tr.Detach(); err != nil {
@@ -255,7 +263,9 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 	for _, pid := range req.Pids {
 		// Written pages inside mappings of memory files are planned too:
 		// after a move, nothing the processes wrote stays private.
+		t1 := time.Now()
 		vmas, err := rehome.PlanWith(pid, rehome.PlanOptions{MemDir: req.MemDir})
+		reply.Plan += time.Since(t1)
 		if err != nil {
 			errs = append(errs, err)
 			return reply
@@ -273,7 +283,10 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 			tr.MoveFile(pid, f, req.Inside, vmas[:1], req.Chunk)
 			unix.Kill(os.Getpid(), unix.SIGKILL)
 		}
+		t2 := time.Now()
 		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, req.Chunk)
+		reply.Move += time.Since(t2)
+		reply.Calls += cs.Calls
 		reply.VMAs += len(done)
 		reply.Bytes += cs.Bytes
 		reply.ByTracer += cs.ByTracer
@@ -405,7 +418,8 @@ func cgroupProcs(dir string) ([]int, error) {
 
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
-	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration})
+	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration,
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls})
 	if len(res.NoNewPrivs) > 0 {
 		l = l.WithField("no_new_privs", res.NoNewPrivs)
 	}

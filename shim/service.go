@@ -532,8 +532,6 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	// unless the task is frozen (nothing changes then), after it too.
 	t0 := time.Now()
 	frozen := ts.Status == tasktypes.Status_PAUSED
-	ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
-	tWipe := time.Since(t0)
 	mode, guard, err := parseMadvise(st.Madvise)
 	if st.Madvise == "" {
 		mode, guard, err = parseMadvise(s.cfg.Madvise)
@@ -541,12 +539,26 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
+	move := frozen && s.rehomeEnabled(st, mode, guard)
+	// Beside a move (the task is frozen, and wipe-on-fork mappings never
+	// move), the read overlaps it instead of lengthening the pause.
+	var tWipe time.Duration
+	wipeRead := make(chan struct{})
+	go func() {
+		defer close(wipeRead)
+		ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
+		tWipe = time.Since(t0)
+	}()
+	if !move {
+		<-wipeRead
+	}
 	// A frozen container moves onto a memory file first: its heap is then
 	// held once, and the dump below sees file mappings and holds only what
 	// it wrote since (the delta path of a fork of a fork).
 	var tMove time.Duration
-	if frozen && s.rehomeEnabled(st, mode, guard) {
+	if move {
 		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
+		<-wipeRead
 		tMove = res.Duration
 		if errdefs.IsResourceExhausted(err) && res.VMAs == 0 {
 			// Its memory limit bounds its snapshots: no dump charged

@@ -31,21 +31,28 @@ import (
 )
 
 const (
-	modeMove = "move" // default: the parent moves onto its snapshot's memory file
-	modeOff  = "off"  // lazyfork.io/rehome=false: today's behaviour
+	modeMove    = "move"     // default: the parent moves onto its snapshot's memory file; its writes are spread (worst case)
+	modeMoveRun = "move-run" // the same, the parent writing one run of consecutive pages between calls
+	modeOff     = "off"      // lazyfork.io/rehome=false: today's behaviour (spread writes)
 
 	lazyforkRuntime = "io.containerd.lazyfork.v1"
 	pageSize        = 4096
 )
 
+// modes are the series each heap size runs.
+var modes = []string{modeMove, modeMoveRun, modeOff}
+
 // writer is the parent: a python process holding HEAP_MIB MiB of non-zero
 // pages (a bytearray) that prints "tick N" ten times a second and, on SIGUSR2,
-// writes one byte into each of PAGES pages it has not written before (spread
-// over the heap) and prints "wrote ...". It speaks counter.py's protocol (ready,
+// writes one byte into each of PAGES pages it has not written before and
+// prints "wrote ...". PATTERN "spread" takes pages 7919 apart across the heap
+// (every page its own island: the worst case for a move, which maps each
+// island from the new file); "run" takes the next PAGES consecutive pages
+// (what appending to a structure does). It speaks counter.py's protocol (ready,
 // tick, wrote), so integration/workloads waits for it.
 const writer = `
 import os, signal, sys, time
-mib, npw = int(sys.argv[1]), int(sys.argv[2])
+mib, npw, pattern = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 pending = []
 signal.signal(signal.SIGUSR2, lambda s, f: pending.append(s))
 signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))
@@ -66,7 +73,7 @@ while True:
         w += 1
         for _ in range(npw):
             k += 1
-            i = (k * 7919) % npages
+            i = (k * 7919) % npages if pattern == "spread" else k % npages
             heap[i * P + 8] = (heap[i * P + 8] + 1) & 255
         print("wrote writes=%d pages=%d" % (w, npw), flush=True)
     t += 1
@@ -74,8 +81,16 @@ while True:
     time.sleep(0.1)
 `
 
-func writerArgs(heapMiB, pages int) []string {
-	return []string{"python3", "-c", writer, strconv.Itoa(heapMiB), strconv.Itoa(pages)}
+func writerArgs(heapMiB, pages int, pattern string) []string {
+	return []string{"python3", "-c", writer, strconv.Itoa(heapMiB), strconv.Itoa(pages), pattern}
+}
+
+// pattern is how a mode's parent writes between calls.
+func pattern(mode string) string {
+	if mode == modeMoveRun {
+		return "run"
+	}
+	return "spread"
 }
 
 type bench struct {
@@ -132,10 +147,10 @@ func (b *bench) logIO() lfclient.ForkOpt {
 }
 
 // start starts a writer container holding heapMiB on runtime, filled and ticking.
-func (b *bench) start(ctx context.Context, id, runtime string, heapMiB int, annotations map[string]string) (*ctrbench.Counter, error) {
+func (b *bench) start(ctx context.Context, id, runtime string, heapMiB int, pattern string, annotations map[string]string) (*ctrbench.Counter, error) {
 	ctx, cancel := context.WithTimeout(ctx, 6*time.Minute)
 	defer cancel()
-	cfg := harness.ContainerConfig{Runtime: runtime, Args: writerArgs(heapMiB, b.cfg.writePages)}
+	cfg := harness.ContainerConfig{Runtime: runtime, Args: writerArgs(heapMiB, b.cfg.writePages, pattern)}
 	if len(annotations) > 0 {
 		cfg.SpecOpts = []oci.SpecOpts{oci.WithAnnotations(annotations)}
 	}
@@ -180,7 +195,7 @@ func (b *bench) cgroupPath(ctx context.Context, ctr containerd.Container) (strin
 // like LazyFork's snapshots.
 func (b *bench) plain(ctx context.Context, heapMiB int) error {
 	ctx = b.h.Context(ctx)
-	parent, err := b.start(ctx, b.id(fmt.Sprintf("pl%d", heapMiB)), harness.RuncRuntime, heapMiB, nil)
+	parent, err := b.start(ctx, b.id(fmt.Sprintf("pl%d", heapMiB)), harness.RuncRuntime, heapMiB, "spread", nil)
 	if parent != nil {
 		defer b.remove(context.WithoutCancel(ctx), parent.Container)
 	}
@@ -226,7 +241,7 @@ func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 	if mode == modeOff {
 		ann = map[string]string{shim.AnnotationRehome: "false"}
 	}
-	parent, err := b.start(ctx, b.id(fmt.Sprintf("%s%d", mode, heapMiB)), lazyforkRuntime, heapMiB, ann)
+	parent, err := b.start(ctx, b.id(fmt.Sprintf("%s%d", mode, heapMiB)), lazyforkRuntime, heapMiB, pattern(mode), ann)
 	var made []containerd.Container
 	defer func() { b.remove(context.WithoutCancel(ctx), made...) }()
 	if parent != nil {
@@ -258,6 +273,10 @@ func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 				return fmt.Errorf("write before call %d: %w", i, err)
 			}
 			c.written = int64(b.cfg.writePages) * pageSize
+			// What the process itself dirtied since its last move: its
+			// private pages now less those it kept through the move (the
+			// interpreter writes pages of its own besides the heap's).
+			c.dirtied = parentMem(pcg, pid).rssAnon - b.r.calls[len(b.r.calls)-1].parent.rssAnon
 		}
 		moves0 := b.moves(parent.ID)
 		du0 := tmpfsBytes(memDir)

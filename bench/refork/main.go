@@ -4,9 +4,12 @@
 //
 // For parents holding 64 MiB, 256 MiB and 1 GiB, in one private containerd, it
 // runs the same calls for a parent that moves onto its snapshot's memory file at
-// each checkpoint (the default, mode "move") and for a parent that opts out
-// (annotation lazyfork.io/rehome=false, mode "off": it keeps its private heap and
-// every snapshot dumps it whole). Per call it records the parent's pause
+// each checkpoint (the default) and for a parent that opts out (annotation
+// lazyfork.io/rehome=false, mode "off": it keeps its private heap and every
+// snapshot dumps it whole). A moving parent runs twice: writing pages spread
+// over its heap (mode "move", the worst case: every page written is an island
+// its next move maps from the new file, so its mappings grow with each call)
+// and writing one run of consecutive pages (mode "move-run"). Per call it records the parent's pause
 // (Result.Paused), the wall time of the call, the bytes the call added to the
 // memory-file tmpfs (LAZYFORK_ROOT/mem without .views, st_blocks*512), the
 // snapshot image size, and the parent's memory after the call (cgroup, and the
@@ -114,7 +117,7 @@ func run(cfg config, outDir string) error {
 		if err := b.plain(ctx, h); err != nil {
 			return fmt.Errorf("plain, %d MiB: %w", h, err)
 		}
-		for _, mode := range []string{modeMove, modeOff} {
+		for _, mode := range modes {
 			fmt.Fprintf(os.Stderr, "bench-refork: heap %d MiB: %d calls, mode %s\n", h, cfg.calls, mode)
 			if err := b.series(ctx, h, mode); err != nil {
 				return fmt.Errorf("%s, %d MiB: %w", mode, h, err)

@@ -37,7 +37,7 @@ func writePlot(path string, cfg config, r *results) error {
 	panel := func(title string, logY bool, y func(call) float64) plot.Panel {
 		p := plot.Panel{Title: title, XLabel: "CALL", LogY: logY, XTicks: ticks, LegendBelow: true}
 		for _, h := range cfg.heaps {
-			for _, mode := range []string{modeMove, modeOff} {
+			for _, mode := range modes {
 				p.Series = append(p.Series, mk(h, mode, y))
 			}
 		}
