@@ -282,6 +282,12 @@ func parseKB(b []byte) uint64 {
 // isHeader is false for smaps field lines; good says whether the VMA is a
 // private anonymous mapping.
 func parseHeader(l []byte) (v VMA, good, isHeader bool) {
+	// A header starts with an address in lower-case hex; the ~25 field
+	// lines of each VMA start with a capital: skip them before splitting
+	// (a plan reads thousands of lines while the container is paused).
+	if len(l) == 0 || !('0' <= l[0] && l[0] <= '9' || 'a' <= l[0] && l[0] <= 'f') {
+		return v, false, false
+	}
 	fs := bytes.Fields(l)
 	if len(fs) < 5 || bytes.IndexByte(fs[0], ':') >= 0 {
 		return v, false, false
