@@ -638,14 +638,21 @@ func (t *Tracee) copyPages(pid int, path string, vmas []VMA) (CopyStats, error) 
 	return st, errors.Join(errs...)
 }
 
+// smallRun is the run, in pages, below which the tracer copies instead of
+// the process: an injected call costs tens of microseconds, more than
+// copying a few pages twice, and a move after spread writes has hundreds of
+// one-page runs. (The helper that moves a container runs in its memory
+// cgroup, so the pages are charged there either way.)
+const smallRun = 16
+
 // writeRun has the process pwrite n held pages at addr of v into fd (at
 // their place in v's slot); what it cannot write, the tracer copies with c
-// (fd < 0: all of it).
+// (fd < 0: all of it; runs under smallRun pages).
 func (p *proc) writeRun(fd int64, c *copier, v VMA, addr, n uint64, st *CopyStats) error {
 	for n > 0 {
 		k := min(n, maxWrite/pageSize)
 		var w int64
-		if fd >= 0 {
+		if fd >= 0 && k >= smallRun {
 			off := v.Offset() + int64(addr-v.Start)
 			r, err := p.syscall(unix.SYS_PWRITE64, uint64(fd), addr, k*pageSize, uint64(off))
 			if err != nil {
