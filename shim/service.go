@@ -510,6 +510,12 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
+	if opts.GetOpenTcp() && os.Getenv("CRIU_CONFIG_FILE") == filepath.Join(s.cfg.Root, criuEnvConfigName) {
+		// Established connections need CRIU's network lock, which
+		// LazyFork's CRIU runs leave out (criuEnvConfig).
+		return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented,
+			"checkpoint of %s: LazyFork snapshots do not keep established TCP connections (CRIU runs without its network lock); checkpoint without --tcp-established", r.ID)
+	}
 	if !keep {
 		// runc's shim only understands its own options; none means leave-running.
 		a, err := typeurl.MarshalAnyToProto(opts)

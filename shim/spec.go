@@ -153,13 +153,15 @@ func ensureCRIUConfig(dir, verbosity string) (string, error) {
 // option against a command word it does not have there).
 const criuEnvConfig = "# LazyFork: no iptables lock around dumps and restores (see shim/spec.go).\nnetwork-lock=skip\n"
 
+const criuEnvConfigName = "criu-env.conf"
+
 // setCRIUEnvConfig points the shim's CRIU runs at criuEnvConfig (written in
 // dir), unless the environment names a CRIU configuration already.
 func setCRIUEnvConfig(dir string) error {
 	if os.Getenv("CRIU_CONFIG_FILE") != "" {
 		return nil
 	}
-	p := filepath.Join(dir, "criu-env.conf")
+	p := filepath.Join(dir, criuEnvConfigName)
 	if b, err := os.ReadFile(p); err != nil || string(b) != criuEnvConfig {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
