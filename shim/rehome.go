@@ -183,15 +183,15 @@ type rehomeRequest struct {
 
 // rehomeReply is the helper's answer (JSON on stdout).
 type rehomeReply struct {
-	VMAs       int    `json:"vmas"`               // VMAs moved whole
-	Bytes      int64  `json:"bytes"`              // bytes written into the file
-	ByTracer   int64  `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
-	Calls      int    `json:"calls"`              // pwrite calls the processes made
+	VMAs     int   `json:"vmas"`               // VMAs moved whole
+	Bytes    int64 `json:"bytes"`              // bytes written into the file
+	ByTracer int64 `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
+	Calls    int   `json:"calls"`              // pwrite calls the processes made
 	// Where the helper's time went: seizing the tree, planning (reading
 	// smaps and pagemaps), copying and mapping.
 	Seize, Plan, Move time.Duration
-	NoNewPrivs []int  `json:"noNewPrivs,omitempty"`
-	Err        string `json:"err,omitempty"`
+	NoNewPrivs        []int  `json:"noNewPrivs,omitempty"`
+	Err               string `json:"err,omitempty"`
 }
 
 // runRehomeHelper runs the helper through containerd's reaper, inside the
