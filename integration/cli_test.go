@@ -317,7 +317,7 @@ func TestCLI(t *testing.T) {
 	}
 
 	// delete: children keep running; clean removes what has stopped
-	e.must(t, "delete", "twin")
+	e.must(t, "delete", "-f", "twin")
 	if r, ok := e.list(t)[grand]; !ok || r.State != "running" {
 		t.Errorf("twin's child after delete twin: %+v", r)
 	}
@@ -331,7 +331,7 @@ func TestCLI(t *testing.T) {
 		t.Errorf("after clean: %v", left)
 	}
 	for x := range left {
-		e.must(t, "delete", x)
+		e.must(t, "delete", "-f", x)
 	}
 	if left := e.list(t); len(left) != 0 {
 		t.Errorf("after deleting all: %v", left)

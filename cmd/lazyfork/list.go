@@ -105,7 +105,8 @@ func human(b int64) string {
 	}
 }
 
-// rows describes every container in the namespace, sorted by family, depth, id.
+// rows describes every LazyFork container in the namespace (every container
+// with --all-runtimes), sorted by family, depth, id.
 func (a *app) rows() ([]*row, error) {
 	ctrs, err := a.cd.Containers(a.ctx)
 	if err != nil {
@@ -114,6 +115,11 @@ func (a *app) rows() ([]*row, error) {
 	var rows []*row
 	byID := map[string]*row{}
 	for _, ctr := range ctrs {
+		if !a.g.allRuntimes {
+			if info, err := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata); err != nil || info.Runtime.Name != client.RuntimeName {
+				continue // another runtime's: not ours to show (--all-runtimes)
+			}
+		}
 		r, err := a.row(ctr)
 		if err != nil {
 			if errdefs.IsNotFound(err) {

@@ -31,6 +31,9 @@ type globals struct {
 	namespace string
 	root      string
 	logDir    string
+	// allRuntimes: commands see and act on containers of every runtime,
+	// not only LazyFork's (io.containerd.lazyfork.v1).
+	allRuntimes bool
 }
 
 // command is one subcommand.
@@ -100,6 +103,7 @@ func addGlobals(fs *flag.FlagSet, g *globals) {
 	fs.StringVar(&g.namespace, "n", g.namespace, "shorthand for --namespace (before the command)")
 	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
 	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
+	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }
 
 func mainUsage(w io.Writer) {
@@ -226,6 +230,7 @@ func addGlobalsLong(fs *flag.FlagSet, g *globals) {
 	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
 	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
 	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
+	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }
 
 // needArgs checks the count of positional arguments.
@@ -236,8 +241,33 @@ func needArgs(pos []string, n int, what string) error {
 	return nil
 }
 
-// resolve maps NAME to a container id.
-func (a *app) resolve(ref string) (string, error) { return a.lf.Resolve(a.ctx, ref) }
+// resolve maps NAME to a container id. A container of another runtime than
+// LazyFork's is refused unless --all-runtimes: lazyfork leaves ctr's and
+// nerdctl's runc containers alone.
+func (a *app) resolve(ref string) (string, error) {
+	id, err := a.lf.Resolve(a.ctx, ref)
+	if err != nil || a.g.allRuntimes {
+		return id, err
+	}
+	ctr, err := a.cd.LoadContainer(a.ctx, id)
+	if err != nil {
+		return "", err
+	}
+	info, err := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata)
+	if err != nil {
+		return "", err
+	}
+	if info.Runtime.Name != client.RuntimeName {
+		return "", notLazyFork(id, info.Runtime.Name)
+	}
+	return id, nil
+}
+
+// notLazyFork is the error for a container of another runtime.
+func notLazyFork(id, runtime string) error {
+	return fmt.Errorf("%s runs under runtime %s, not LazyFork's %s: lazyfork leaves it alone (use ctr or nerdctl, or pass --all-runtimes): %w",
+		id, orDash(runtime), client.RuntimeName, errdefs.ErrFailedPrecondition)
+}
 
 // loadOne loads the container the one NAME a command takes names.
 func (a *app) loadOne(pos []string) (containerd.Container, error) {
