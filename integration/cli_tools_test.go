@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"os/exec"
 	"path/filepath"
@@ -144,5 +145,90 @@ func TestCLISafeByDefault(t *testing.T) {
 	}
 	if left := e.list(t); len(left) != 0 {
 		t.Errorf("after delete -f: %v", left)
+	}
+}
+
+// TestCLIFormats: every listing takes --format table, json or a Go template
+// (as nerdctl and docker); list -q prints ids; mem prints human sizes and
+// leaves out families whose files are gone.
+func TestCLIFormats(t *testing.T) {
+	e := startCLIEnv(t)
+	ctx := e.ctx(t)
+	if _, err := e.ImportImage(ctx, "python", harness.WithSnapshotter(snapclient.SnapshotterName)); err != nil {
+		t.Fatal(err)
+	}
+	e.must(t, "create", "--name", "counter", harness.PythonImage, "--", "python3", counterPy, "16", "--interval", "0.05")
+	e.waitTick(t, "counter", 2)
+	// Not forked yet: its family has a memory directory but no file.
+	if out, err := e.lf(t, "mem"); err != nil || strings.Contains(out, "counter") {
+		t.Errorf("mem shows a family without memory files: %v\n%s", err, out)
+	}
+	fork := strings.TrimSpace(e.must(t, "fork", "counter"))
+
+	lines := func(s string) []string { return strings.Fields(strings.TrimSpace(s)) }
+	want := []string{"counter", fork}
+	for _, args := range [][]string{{"list", "-q"}, {"list", "--quiet"}, {"list", "--format", "{{.ID}}"}, {"tree", "--format", "{{.ID}}"}} {
+		out, err := e.lf(t, args...)
+		if got := lines(out); err != nil || strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("lazyfork %s: %q %v, want %q", strings.Join(args, " "), got, err, want)
+		}
+	}
+	// {{json .}}: one object a line, the fields of --format json.
+	out, err := e.lf(t, "list", "--format", "{{json .}}")
+	var objs []cliRow
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r cliRow
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Errorf("list --format '{{json .}}' line %q: %v", l, err)
+			continue
+		}
+		objs = append(objs, r)
+	}
+	if err != nil || len(objs) != 2 || objs[1].ID != fork || objs[1].Parent != "counter" || objs[1].State != "running" {
+		t.Errorf("list --format '{{json .}}': %+v %v\n%s", objs, err, out)
+	}
+	if out, err := e.lf(t, "tree", "--format", "{{.Depth}}:{{.ID}}"); err != nil || strings.TrimSpace(out) != "0:counter\n1:"+fork {
+		t.Errorf("tree --format: %q %v", out, err)
+	}
+	if out, err := e.lf(t, "status", "--format", "{{.Containers}} {{.Running}}"); err != nil || strings.TrimSpace(out) != "2 2" {
+		t.Errorf("status --format: %q %v", out, err)
+	}
+	if out, err := e.lf(t, "stats", fork, "--format", "{{.ID}} {{.State}}"); err != nil || strings.TrimSpace(out) != fork+" running" {
+		t.Errorf("stats --format: %q %v", out, err)
+	}
+	if out, err := e.lf(t, "status", "--format", "{{.Nope}}"); err == nil || !strings.Contains(err.Error(), "Nope") {
+		t.Errorf("a template naming no field: %q %v", out, err)
+	}
+
+	// mem: human sizes; json and templates as the other listings.
+	memOut, err := e.lf(t, "mem")
+	if err != nil || !strings.Contains(memOut, "SIZE") || !strings.Contains(memOut, " MiB") {
+		t.Errorf("mem does not print human sizes: %v\n%s", err, memOut)
+	}
+	var fams []struct {
+		Name  string
+		Bytes int64
+		Files map[string]int64
+	}
+	out, err = e.lf(t, "mem", "--format", "json")
+	if err := json.Unmarshal([]byte(out), &fams); err != nil || len(fams) != 1 || fams[0].Bytes < 16<<20 || len(fams[0].Files) == 0 {
+		t.Errorf("mem --format json: %+v %v\n%s", fams, err, out)
+	}
+	if out, err := e.lf(t, "mem", "--format", "{{.Name}}"); err != nil || len(fams) != 1 || strings.TrimSpace(out) != fams[0].Name {
+		t.Errorf("mem --format '{{.Name}}': %q %v", out, err)
+	}
+	t.Logf("mem:\n%s", memOut)
+
+	// Once every container is gone, so are the family's files: mem shows nothing.
+	e.must(t, "delete", "-f", fork, "counter")
+	if out, err := e.lf(t, "mem"); err != nil || strings.Contains(out, "counter") {
+		t.Errorf("mem after deleting every container still shows the family: %v\n%s", err, out)
+	}
+	out, err = e.lf(t, "mem", "--format", "{{.Name}} {{len .Files}}")
+	if err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("mem after deleting every container: %q %v", out, err)
+	}
+	if out, err := e.lf(t, "status", "--format", "{{.Families}} {{.MemFiles}}"); err != nil || strings.TrimSpace(out) != "0 0" {
+		t.Errorf("status after deleting every container: %q %v", out, err)
 	}
 }

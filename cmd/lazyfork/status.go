@@ -34,12 +34,21 @@ type statusReport struct {
 func init() {
 	var format string
 	register(&command{
-		name:    "status",
-		args:    "[--format table|json]",
-		short:   "host, containerd, snapshotter, CRIU and totals (containers, memory files, family memory)",
-		example: "  lazyfork status\n  lazyfork status --format json",
-		flags:   func(fs *flag.FlagSet) { fs.StringVar(&format, "format", "table", "table or json") },
+		name:  "status",
+		args:  "[--format table|json|TEMPLATE]",
+		short: "host, containerd, snapshotter, CRIU and totals (containers, memory files, family memory)",
+		example: `  lazyfork status
+  lazyfork status --format json
+  lazyfork status --format '{{.Snapshotter}}'`,
+		flags: func(fs *flag.FlagSet) { addFormat(fs, &format) },
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 0, "no arguments"); err != nil {
+				return err
+			}
+			o, err := parseFormat(format)
+			if err != nil {
+				return err
+			}
 			s := statusReport{Address: a.g.address, Namespace: a.g.namespace, Root: a.g.root}
 			s.Host, _ = os.Hostname()
 			var u unix.Utsname
@@ -73,7 +82,7 @@ func init() {
 				}
 				s.FamilyMem += r.Memory
 			}
-			fams, err := a.lf.Families()
+			fams, err := a.families()
 			if err != nil {
 				return err
 			}
@@ -83,8 +92,11 @@ func init() {
 				s.MemBytes += f.Bytes
 			}
 			s.FamilyMem += s.MemBytes
-			if format == "json" {
+			switch o.kind {
+			case "json":
 				return writeJSON(a, s)
+			case "template":
+				return o.template(a.out, s)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 			for _, kv := range [][2]string{
