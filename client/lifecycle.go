@@ -136,7 +136,7 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 }
 
 // Resolve finds the container a user means: an exact id, then a name
-// (LabelName), then a unique id prefix.
+// (LabelName, or nerdctl's LabelNerdctlName), then a unique id prefix.
 func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 	if ref == "" {
 		return "", fmt.Errorf("empty container name: %w", errdefs.ErrInvalidArgument)
@@ -154,7 +154,7 @@ func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 		if err != nil {
 			continue
 		}
-		if info.Labels[LabelName] == ref {
+		if info.Labels[LabelName] == ref || info.Labels[LabelNerdctlName] == ref {
 			byName = append(byName, ctr.ID())
 		}
 		if strings.HasPrefix(ctr.ID(), ref) {

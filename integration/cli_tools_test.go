@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -231,4 +233,114 @@ func TestCLIFormats(t *testing.T) {
 	if out, err := e.lf(t, "status", "--format", "{{.Families}} {{.MemFiles}}"); err != nil || strings.TrimSpace(out) != "0 0" {
 		t.Errorf("status after deleting every container: %q %v", out, err)
 	}
+}
+
+// waitLogs polls `lazyfork logs NAME` until its output has a line want.
+func (e *cliEnv) waitLogs(t *testing.T, name, want string) string {
+	t.Helper()
+	return e.waitLogsLine(t, name, func(l string) bool { return l == want })
+}
+
+// waitLogsLine polls `lazyfork logs NAME` until a line matches.
+func (e *cliEnv) waitLogsLine(t *testing.T, name string, match func(string) bool) string {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, err := e.lf(t, "logs", name)
+		for _, l := range strings.Split(out, "\n") {
+			if match(l) {
+				return out
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lazyfork logs %s: no matching line (%v):\n%.2000s", name, err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestCLILogs: lazyfork logs [-f] reads the output of LazyFork containers that
+// ctr (with --log-uri file://, and with its fifos) and nerdctl made; the log of
+// a fork ctr removed goes with the next gc.
+func TestCLILogs(t *testing.T) {
+	testutil.RequiresBinary(t, "nerdctl")
+	testutil.RequiresBinary(t, "ctr")
+	e := startCLIEnv(t)
+	ctx := e.ctx(t)
+	if _, err := e.ImportImage(ctx, "python"); err != nil {
+		t.Fatal(err)
+	}
+	ctrRun := func(id string, extra ...string) {
+		args := append([]string{"run", "-d", "--runtime", lfRuntime, "--runc-root", e.RuncRoot, "--cgroup", e.CgroupPath(id)}, extra...)
+		e.ctr(t, append(append(args, harness.PythonImage, id), pyHold(16, "")...)...)
+	}
+	ctrRun("ctr-file", "--log-uri", "file://"+filepath.Join(e.Dir, "ctr-file.log"))
+	ctrRun("ctr-fifo")
+	e.mustNerdctl(t, append([]string{"run", "-d", "--name", "nd", "--runtime", lfRuntime, "--net", "none",
+		"--cgroup-parent", e.CgroupParent, harness.PythonImage}, pyHold(16, "")...)...)
+
+	e.waitLogs(t, "ctr-file", "tick 2")
+	// nerdctl's container by its nerdctl name, from its json-file log.
+	out := e.waitLogs(t, "nd", "tick 2")
+	if !strings.HasPrefix(out, "ready\ntick 1\n") {
+		t.Errorf("lazyfork logs nd does not begin with the container's first lines:\n%.200s", out)
+	}
+
+	// ctr run -d without --log-uri: fifos, no past output; -f streams.
+	if _, err := e.lf(t, "logs", "ctr-fifo"); err == nil || !strings.Contains(err.Error(), "lazyfork logs -f ctr-fifo") {
+		t.Errorf("logs of a container writing to fifos: %v", err)
+	}
+	f := exec.Command(filepath.Join(e.Bin, "lazyfork"), "--address", e.Address, "--namespace", e.Namespace,
+		"--root", e.Root, "--log-dir", e.logDir, "logs", "-f", "ctr-fifo")
+	stdout, err := f.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(stdout)
+	var got []string
+	for len(got) < 3 {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			t.Errorf("logs -f ctr-fifo: %v after %q", err, got)
+			break
+		}
+		if strings.HasPrefix(l, "tick ") {
+			got = append(got, strings.TrimSpace(l))
+		}
+	}
+	_ = f.Process.Signal(os.Interrupt)
+	if err := f.Wait(); err != nil {
+		t.Errorf("logs -f after Ctrl-C: %v", err)
+	}
+	t.Logf("logs -f ctr-fifo streamed %q", got)
+
+	// A fork of ctr's container has its own log; ctr removes the fork, and
+	// the log goes with the next lazyfork gc (every fork runs it too).
+	fork := strings.TrimSpace(e.must(t, "fork", "ctr-file"))
+	// The fork's own output: the count continues where the parent was.
+	fout := e.waitLogsLine(t, fork, func(l string) bool { return strings.HasPrefix(l, "tick ") })
+	if strings.Contains(fout, "ready") {
+		t.Errorf("the fork's log holds its parent's output:\n%.300s", fout)
+	}
+	logPath := filepath.Join(e.logDir, e.Namespace, fork+".log")
+	if _, err := os.Stat(logPath); err != nil {
+		t.Fatalf("fork's log: %v", err)
+	}
+	e.ctr(t, "tasks", "kill", "-s", "SIGKILL", fork)
+	for e.taskStatus(t, fork) != "STOPPED" {
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.ctr(t, "tasks", "delete", fork)
+	e.ctr(t, "containers", "delete", fork)
+	if out := e.must(t, "gc"); !strings.Contains(out, "log "+logPath) {
+		t.Errorf("gc after ctr removed the fork:\n%s", out)
+	}
+	if _, err := os.Stat(logPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the log of a fork ctr removed is left after gc: %v", err)
+	}
+	e.must(t, "delete", "-f", "ctr-file", "ctr-fifo")
+	e.mustNerdctl(t, "rm", "-f", "nd")
 }

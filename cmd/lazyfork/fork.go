@@ -65,8 +65,12 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 					}
 				}
 			}
-			if err := os.MkdirAll(a.logPath(""), 0o755); err != nil {
+			if err := os.MkdirAll(a.logDirNS(), 0o755); err != nil {
 				return err
+			}
+			// Logs of forks that ctr or nerdctl removed go now.
+			if _, err := a.sweepLogs(false); err != nil {
+				fmt.Fprintf(os.Stderr, "lazyfork: %v\n", err)
 			}
 			var started atomic.Int64
 			stop := make(chan struct{})
