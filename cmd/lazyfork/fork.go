@@ -11,11 +11,13 @@ import (
 	"syscall"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/client"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
 func init() {
@@ -108,7 +110,7 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 				if ctx.Err() != nil && a.ctx.Err() == nil && !errors.Is(err, client.ErrCleanupIncomplete) {
 					return fmt.Errorf("fork of %s interrupted: no copy was made, %s runs on (%w)", id, id, err)
 				}
-				return err
+				return a.snapshotterHint(id, err)
 			}
 			if bar {
 				progress(n, n, true)
@@ -143,4 +145,21 @@ func progress(k, n int, final bool) {
 		end = "\n"
 	}
 	fmt.Fprintf(os.Stderr, "\rforking [%s%s] %d/%d%s", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), k, n, end)
+}
+
+// snapshotterHint adds to a failed fork's error what to do when the cause is
+// a dead lazyfork snapshotter (the parent's rootfs is on it).
+func (a *app) snapshotterHint(id string, err error) error {
+	ctr, lerr := a.cd.LoadContainer(a.ctx, id)
+	if lerr != nil {
+		return err
+	}
+	info, lerr := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata)
+	if lerr != nil || info.Snapshotter != snapclient.SnapshotterName {
+		return err
+	}
+	if perr := a.snapshotterAnswers(info.Snapshotter); perr != nil {
+		return fmt.Errorf("%w\nthe lazyfork snapshotter, which holds %s's rootfs, does not answer: run lazyfork setup to start it, then lazyfork gc", err, id)
+	}
+	return err
 }

@@ -208,10 +208,16 @@ func runCommand(c *command, g globals, args []string) error {
 	a.ctx = namespaces.WithNamespace(context.Background(), g.namespace)
 	if !c.noConn {
 		if _, err := os.Stat(strings.TrimPrefix(g.address, "unix://")); err != nil {
+			if errors.Is(err, os.ErrPermission) {
+				return permissionDenied(g.address, err)
+			}
 			return fmt.Errorf("no containerd at %s (%w): start it, or run lazyfork setup", g.address, err)
 		}
 		cd, err := containerd.New(g.address, containerd.WithDefaultNamespace(g.namespace))
 		if err != nil {
+			if errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "permission denied") {
+				return permissionDenied(g.address, err)
+			}
 			return fmt.Errorf("connect to containerd at %s: %w (is it running? try lazyfork setup)", g.address, err)
 		}
 		defer cd.Close()
@@ -221,6 +227,13 @@ func runCommand(c *command, g globals, args []string) error {
 		a.lf = client.New(nil, client.WithRoot(g.root))
 	}
 	return c.run(a, fs, pos, cmd)
+}
+
+// permissionDenied is the error for a user who may not use containerd's
+// socket: not "no containerd", which would send them to setup.
+func permissionDenied(address string, err error) error {
+	return fmt.Errorf("permission denied: run as root (containerd's socket %s is not open to uid %d: %v): %w",
+		address, os.Getuid(), err, errdefs.ErrPermissionDenied)
 }
 
 // addGlobalsLong registers the long global flags on a command (the one-letter

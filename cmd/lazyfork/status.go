@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"text/tabwriter"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/snapshots"
 
 	"golang.org/x/sys/unix"
 
@@ -20,15 +26,17 @@ type statusReport struct {
 	Address     string `json:"address"`
 	Namespace   string `json:"namespace"`
 	Snapshotter string `json:"snapshotter"`
-	CRIU        string `json:"criu"`
-	Root        string `json:"root"`
-	Containers  int    `json:"containers"`
-	Running     int    `json:"running"`
-	Stopped     int    `json:"stopped"`
-	Families    int    `json:"families"`
-	MemFiles    int    `json:"memoryFiles"`
-	MemBytes    int64  `json:"memoryFileBytes"`
-	FamilyMem   int64  `json:"familyMemoryBytes"` // memory files + every container's cgroup usage
+	// SnapshotterAlive: containerd has lazyfork's snapshotter and it answers.
+	SnapshotterAlive bool   `json:"snapshotterAlive"`
+	CRIU             string `json:"criu"`
+	Root             string `json:"root"`
+	Containers       int    `json:"containers"`
+	Running          int    `json:"running"`
+	Stopped          int    `json:"stopped"`
+	Families         int    `json:"families"`
+	MemFiles         int    `json:"memoryFiles"`
+	MemBytes         int64  `json:"memoryFileBytes"`
+	FamilyMem        int64  `json:"familyMemoryBytes"` // memory files + every container's cgroup usage
 }
 
 func init() {
@@ -63,6 +71,11 @@ func init() {
 			s.Snapshotter = "absent (overlayfs is used)"
 			if a.hasSnapshotter(snapclient.SnapshotterName) {
 				s.Snapshotter = snapclient.SnapshotterName + " (proxy plugin)"
+				s.SnapshotterAlive = true
+				if err := a.snapshotterAnswers(snapclient.SnapshotterName); err != nil {
+					s.SnapshotterAlive = false
+					s.Snapshotter = fmt.Sprintf("%s (proxy plugin) DEAD: it does not answer (%v): run lazyfork setup to start it", snapclient.SnapshotterName, err)
+				}
 			}
 			s.CRIU = "not found"
 			if out, err := exec.Command("criu", "--version").Output(); err == nil {
@@ -114,4 +127,36 @@ func init() {
 			return tw.Flush()
 		},
 	})
+}
+
+// snapshotterAnswers tells whether snapshotter name answers through
+// containerd. containerd lists a proxy plugin whether or not its process
+// runs, and answers "not found" from its own records without asking it, so
+// the probe is a call that reaches the snapshotter: a walk (which stats each
+// snapshot there) or, when the namespace has none on it, a snapshot prepared
+// under a short lease and removed at once.
+func (a *app) snapshotterAnswers(name string) error {
+	ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
+	defer cancel()
+	sn := a.cd.SnapshotService(name)
+	errStop := errors.New("stop")
+	seen := false
+	err := sn.Walk(ctx, func(context.Context, snapshots.Info) error { seen = true; return errStop })
+	if seen || (err != nil && !errors.Is(err, errStop)) {
+		if errors.Is(err, errStop) {
+			return nil
+		}
+		return err
+	}
+	lctx, done, err := a.cd.WithLease(ctx, leases.WithExpiration(time.Minute))
+	if err != nil {
+		return err
+	}
+	defer done(context.WithoutCancel(ctx))
+	key := "lazyfork-status-probe-" + randomID()
+	if _, err := sn.Prepare(lctx, key, ""); err != nil {
+		return err
+	}
+	_ = sn.Remove(lctx, key)
+	return nil
 }
