@@ -123,6 +123,9 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	}
 	if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		errs = append(errs, err)
+	} else if err := removeNerdctlState(id, labels); err != nil {
+		// nerdctl's state of its container goes as with nerdctl rm.
+		log.G(ctx).WithError(err).Warn("lazyfork: remove nerdctl state")
 	}
 	if dir := labels[hook.Label]; dir != "" {
 		if err := os.RemoveAll(filepath.Join(dir, id)); err != nil {

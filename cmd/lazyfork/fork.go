@@ -93,10 +93,20 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 					}
 				}
 			}()
-			opts = append(opts, client.WithIO(func(fid string) cio.Creator {
-				started.Add(1)
-				return cio.LogFile(a.logPath(fid))
-			}))
+			// A fork of nerdctl's container logs through nerdctl's driver
+			// (the client's default for it), so that nerdctl logs reads it.
+			nerdctlParent := false
+			if pc, err := a.cd.LoadContainer(ctx, id); err == nil {
+				if l, err := pc.Labels(ctx); err == nil {
+					nerdctlParent = l[client.LabelNerdctlName] != "" && l["nerdctl/state-dir"] != ""
+				}
+			}
+			if !nerdctlParent {
+				opts = append(opts, client.WithIO(func(fid string) cio.Creator {
+					started.Add(1)
+					return cio.LogFile(a.logPath(fid))
+				}))
+			}
 			if ids != nil {
 				opts = append(opts, client.WithIDs(ids...))
 			}
@@ -120,7 +130,10 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 					id, n, res.Paused.Seconds(), res.Checkpoint.Seconds(), res.Restore.Seconds())
 			}
 			for _, f := range res.Forks {
-				l := map[string]string{client.LabelLog: a.logPath(f.Container.ID())}
+				l := map[string]string{}
+				if !nerdctlParent {
+					l[client.LabelLog] = a.logPath(f.Container.ID())
+				}
 				if name != "" {
 					l[client.LabelName] = f.Container.ID()
 				}
