@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // nerdctl's labels (github.com/containerd/nerdctl/v2/pkg/labels), which it
@@ -133,7 +134,8 @@ func (nf *nerdctlFork) remove() {
 }
 
 // removeNerdctlState deletes a nerdctl container's state directory and
-// /etc/hosts, as nerdctl rm does (the name goes with its postStop hook).
+// /etc/hosts and releases its name, as nerdctl rm does (its postStop hook
+// releases the name too, when it has a task to stop).
 func removeNerdctlState(id string, labels map[string]string) error {
 	if !isNerdctl(labels) {
 		return nil
@@ -143,8 +145,40 @@ func removeNerdctlState(id string, labels map[string]string) error {
 		return nil // not laid out as nerdctl's: leave it
 	}
 	nsDir := filepath.Dir(st)
-	hosts := filepath.Join(filepath.Dir(filepath.Dir(nsDir)), "etchosts", filepath.Base(nsDir), id)
-	return errors.Join(os.RemoveAll(st), os.RemoveAll(hosts))
+	dataStore, ns := filepath.Dir(filepath.Dir(nsDir)), filepath.Base(nsDir)
+	hosts := filepath.Join(dataStore, "etchosts", ns, id)
+	return errors.Join(os.RemoveAll(st), os.RemoveAll(hosts),
+		releaseNerdctlName(filepath.Join(dataStore, "names", ns), labels[LabelNerdctlName], id))
+}
+
+// releaseNerdctlName removes name from nerdctl's name store (a file per
+// name holding the container's id, under an flock of the directory, as
+// nerdctl's namestore) if id holds it.
+func releaseNerdctlName(dir, name, id string) error {
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return nil
+	}
+	d, err := os.Open(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("lock nerdctl's names %s: %w", dir, err)
+	}
+	defer unix.Flock(int(d.Fd()), unix.LOCK_UN)
+	p := filepath.Join(dir, name)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil || string(b) != id {
+		return err // another container's name now: leave it
+	}
+	return os.Remove(p)
 }
 
 func copyFile(src, dst string) error {

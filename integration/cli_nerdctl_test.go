@@ -93,6 +93,11 @@ func TestCLINerdctlFork(t *testing.T) {
 	if ps := e.mustNerdctl(t, "ps", "-a", "--format", "{{.Names}}"); strings.TrimSpace(ps) != "nd" {
 		t.Errorf("nerdctl ps -a after lazyfork delete:\n%s", ps)
 	}
+	if out, err := e.nerdctl(t, "create", "--name", "ndg", "--net", "none", harness.PythonImage, "true"); err != nil {
+		t.Errorf("the name of a fork lazyfork deleted is not free: %v\n%s", err, out)
+	} else {
+		e.mustNerdctl(t, "rm", "ndg")
+	}
 	e.mustNerdctl(t, "rm", "-f", "nd")
 }
 
