@@ -341,6 +341,17 @@ func TestCLILogs(t *testing.T) {
 	if _, err := os.Stat(logPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the log of a fork ctr removed is left after gc: %v", err)
 	}
-	e.must(t, "delete", "-f", "ctr-file", "ctr-fifo")
+	// logs -f ends with the container, its whole output printed.
+	e.must(t, "create", "--name", "brief", harness.PythonImage, "--", "python3", "-c",
+		"import time\nprint('one', flush=True)\ntime.sleep(1)\nprint('two', flush=True)")
+	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	brief, err := exec.CommandContext(fctx, filepath.Join(e.Bin, "lazyfork"), "--address", e.Address, "--namespace", e.Namespace,
+		"--root", e.Root, "--log-dir", e.logDir, "logs", "-f", "brief").Output()
+	if fctx.Err() != nil || err != nil || string(brief) != "one\ntwo\n" {
+		t.Errorf("logs -f of a container that ends: %q, %v (still following: %v)", brief, err, fctx.Err() != nil)
+	}
+
+	e.must(t, "delete", "-f", "ctr-file", "ctr-fifo", "brief")
 	e.mustNerdctl(t, "rm", "-f", "nd")
 }

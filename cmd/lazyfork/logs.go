@@ -34,7 +34,7 @@ func init() {
 	register(&command{
 		name:  "logs",
 		args:  "NAME [-f]",
-		short: "print a container's output; -f follows it (Ctrl-C stops). Works for containers made by lazyfork, ctr and nerdctl",
+		short: "print a container's output; -f follows it until the container ends (or Ctrl-C). Works for containers made by lazyfork, ctr and nerdctl",
 		example: `  lazyfork logs twin
   lazyfork logs -f counter
 The output is read where the container's task writes it: lazyfork's log file, a ctr
@@ -136,17 +136,34 @@ func (a *app) logs(pos []string, follow bool) error {
 		}
 		return followFifos(ctx, a.out, os.Stderr, src.path, src.stderr)
 	case "json":
-		return tailFile(ctx, src.path, follow, &jsonLogWriter{stdout: a.out, stderr: os.Stderr})
+		return tailFile(ctx, src.path, follow, a.ended(ctr), &jsonLogWriter{stdout: a.out, stderr: os.Stderr})
 	}
-	return tailFile(ctx, src.path, follow, a.out)
+	return tailFile(ctx, src.path, follow, a.ended(ctr), a.out)
 }
 
-// tailFile copies path to w; with follow it then polls for more until ctx ends.
-func tailFile(ctx context.Context, path string, follow bool, w io.Writer) error {
+// ended tells whether ctr's process has ended (no task, or a stopped one):
+// a follow then stops at the end of the log, as docker logs -f does.
+func (a *app) ended(ctr containerd.Container) func() bool {
+	return func() bool {
+		task, err := ctr.Task(a.ctx, nil)
+		if err != nil {
+			return errdefs.IsNotFound(err)
+		}
+		st, err := task.Status(a.ctx)
+		return err == nil && st.Status == containerd.Stopped
+	}
+}
+
+// tailFile copies path to w; with follow it then polls for more until ctx
+// ends or, at the end of the file, ended says the writer is gone.
+func tailFile(ctx context.Context, path string, follow bool, ended func() bool, w io.Writer) error {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) && follow {
 		// Not written yet (a task just created): wait for it.
 		for errors.Is(err, os.ErrNotExist) {
+			if ended() {
+				return fmt.Errorf("log %s: %w (the container ended without writing it)", path, err)
+			}
 			select {
 			case <-ctx.Done():
 				return nil
@@ -160,6 +177,7 @@ func tailFile(ctx context.Context, path string, follow bool, w io.Writer) error 
 	}
 	defer f.Close()
 	buf := make([]byte, 64<<10)
+	var lastCheck time.Time
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {
@@ -170,6 +188,15 @@ func tailFile(ctx context.Context, path string, follow bool, w io.Writer) error 
 		if err == io.EOF {
 			if !follow {
 				return nil
+			}
+			if time.Since(lastCheck) > time.Second {
+				// Checked before one more read: output written
+				// before the end is not lost.
+				lastCheck = time.Now()
+				if ended() {
+					follow = false
+					continue
+				}
 			}
 			select {
 			case <-ctx.Done():
