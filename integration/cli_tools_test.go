@@ -68,7 +68,7 @@ func TestCLISafeByDefault(t *testing.T) {
 	if _, ok := rows[ndID]; ok {
 		t.Errorf("list shows nerdctl's runc container: %v", rows)
 	}
-	if all, err := e.lf(t, "list", "--all-runtimes"); err != nil || !strings.Contains(all, "ctr-runc") || !strings.Contains(all, ndID) {
+	if all, err := e.lf(t, "list", "--all-runtimes"); err != nil || !strings.Contains(all, "ctr-runc") || !strings.Contains(all, ndID) || !strings.Contains(all, "io.containerd.runc.v2") {
 		t.Errorf("list --all-runtimes lacks the runc containers (%v):\n%s", err, all)
 	}
 

@@ -97,13 +97,21 @@ func init() {
 				return o.template(a.out, items...)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tPARENT\tDEPTH\tPID\tPROCS\tMEMORY\tMEMFILE")
+			head := "ID\tNAME\tSTATE\tPARENT\tDEPTH\tPID\tPROCS\tMEMORY\tMEMFILE"
+			if a.g.allRuntimes {
+				head += "\tRUNTIME"
+			}
+			fmt.Fprintln(tw, head)
 			for _, r := range rows {
 				pid := "-"
 				if r.PID != 0 {
 					pid = strconv.Itoa(int(r.PID))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", r.ID, orDash(r.Name), r.State, orDash(r.Parent), r.Depth, pid, r.Procs, human(r.Memory), r.memFileCell())
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s", r.ID, orDash(r.Name), r.State, orDash(r.Parent), r.Depth, pid, r.Procs, human(r.Memory), r.memFileCell())
+				if a.g.allRuntimes {
+					fmt.Fprintf(tw, "\t%s", r.Runtime)
+				}
+				fmt.Fprintln(tw)
 			}
 			fmt.Fprintf(tw, "TOTAL\t%d containers\t\t\t\t\t%d\t%s\n", len(rows), procs, human(total))
 			return tw.Flush()

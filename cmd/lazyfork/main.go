@@ -3,8 +3,10 @@
 //
 //	lazyfork [--address SOCK] [--namespace NS] [--root DIR] COMMAND [ARGS]
 //
-// Every command that takes NAME accepts a container's name, its id or a
-// unique prefix of its id. One file per command; `lazyfork help` lists them.
+// Every command that takes NAME accepts a container's name (lazyfork's or
+// nerdctl's), its id or a unique prefix of its id. Commands see and act on
+// LazyFork's containers only, unless --all-runtimes. One file per command;
+// `lazyfork help` lists them.
 package main
 
 import (
@@ -109,8 +111,10 @@ func addGlobals(fs *flag.FlagSet, g *globals) {
 func mainUsage(w io.Writer) {
 	fmt.Fprint(w, `lazyfork forks running containers (containerd runtime io.containerd.lazyfork.v1).
 
-Usage: lazyfork [--address SOCK] [--namespace NS] [--root DIR] COMMAND [ARGS]
-NAME is a container's name, its id, or a unique prefix of its id.
+Usage: lazyfork [--address SOCK] [--namespace NS] [--root DIR] [--all-runtimes] COMMAND [ARGS]
+NAME is a container's name (lazyfork's or nerdctl's), its id, or a unique prefix of its id.
+Commands see and act on LazyFork's containers only (runtime io.containerd.lazyfork.v1)
+unless --all-runtimes.
 
 Commands:
 `)
