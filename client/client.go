@@ -33,6 +33,9 @@ const (
 	LabelLog       = "lazyfork.io/log"        // file the task's stdout and stderr go to
 )
 
+// LabelNerdctlName is nerdctl's name of a container: names resolve by it too.
+const LabelNerdctlName = "nerdctl/name"
+
 // AnnotationFamily in a fork's spec tells the shim which family the
 // container joins.
 const AnnotationFamily = "lazyfork.io/family"

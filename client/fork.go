@@ -41,6 +41,7 @@ type ForkOpt func(*forkConfig)
 type forkConfig struct {
 	ids          []string
 	io           func(id string) cio.Creator
+	ioGiven      bool // io is the caller's (WithIO), not the default
 	keepSnapshot bool
 	labels       map[string]string
 	// stayPaused leaves a parent this call paused frozen after a successful
@@ -129,6 +130,7 @@ func (c *Client) forkConfig(opts []ForkOpt) forkConfig {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	cfg.ioGiven = cfg.io != nil
 	if cfg.io == nil {
 		cfg.io = discardIO
 	}
@@ -676,6 +678,22 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		labels[hook.Label] = hookDir
 	}
 
+	// A fork of nerdctl's container is nerdctl's too (its own name, state
+	// and log), so nerdctl's hooks and commands act on it, not its parent.
+	var nf *nerdctlFork
+	if isNerdctl(info.Labels) {
+		if nf, err = prepareNerdctlFork(info.Labels, fspec, parentID, id, len(cfg.ids) > 0); err != nil {
+			return f, fmt.Errorf("fork %s: %w", id, err)
+		}
+		defer func() {
+			if retErr != nil {
+				nf.remove()
+			}
+		}()
+		for k, v := range nf.labels {
+			labels[k] = v
+		}
+	}
 	for k, v := range cfg.labels {
 		labels[k] = v
 	}
@@ -711,7 +729,11 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		return fmt.Errorf("restore did not finish within %v and was stopped (raise the bound with --timeout or client.WithRestoreTimeout); CRIU's restore log: %s: %w",
 			cfg.restoreTimeout, where, context.DeadlineExceeded)
 	}
-	task, err := ctr.NewTask(rctx, cfg.io(id), containerd.WithRestoreImagePath(imageDir))
+	ioc := cfg.io(id)
+	if nf != nil && !cfg.ioGiven && nf.io() != nil {
+		ioc = nf.io() // nerdctl's logging driver: nerdctl logs reads it
+	}
+	task, err := ctr.NewTask(rctx, ioc, containerd.WithRestoreImagePath(imageDir))
 	if err != nil {
 		return f, fmt.Errorf("fork %s: create task: %w", id, timedOut(err))
 	}
@@ -734,6 +756,12 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 // removeFork deletes a fork's task (also one whose create did not return),
 // container and rootfs snapshot.
 func removeFork(ctx context.Context, f Fork) {
+	labels, _ := f.Container.Labels(ctx)
+	defer func() {
+		if err := removeNerdctlState(f.Container.ID(), labels); err != nil {
+			log.G(ctx).WithError(err).WithField("id", f.Container.ID()).Warn("lazyfork: remove fork's nerdctl state")
+		}
+	}()
 	if err := deleteTask(ctx, f.Container); err != nil {
 		log.G(ctx).WithError(err).WithField("id", f.Container.ID()).Warn("lazyfork: delete fork task")
 	}

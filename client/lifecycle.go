@@ -123,6 +123,9 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	}
 	if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		errs = append(errs, err)
+	} else if err := removeNerdctlState(id, labels); err != nil {
+		// nerdctl's state of its container goes as with nerdctl rm.
+		log.G(ctx).WithError(err).Warn("lazyfork: remove nerdctl state")
 	}
 	if dir := labels[hook.Label]; dir != "" {
 		if err := os.RemoveAll(filepath.Join(dir, id)); err != nil {
@@ -136,7 +139,7 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 }
 
 // Resolve finds the container a user means: an exact id, then a name
-// (LabelName), then a unique id prefix.
+// (LabelName, or nerdctl's LabelNerdctlName), then a unique id prefix.
 func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 	if ref == "" {
 		return "", fmt.Errorf("empty container name: %w", errdefs.ErrInvalidArgument)
@@ -154,7 +157,7 @@ func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 		if err != nil {
 			continue
 		}
-		if info.Labels[LabelName] == ref {
+		if info.Labels[LabelName] == ref || info.Labels[LabelNerdctlName] == ref {
 			byName = append(byName, ctr.ID())
 		}
 		if strings.HasPrefix(ctr.ID(), ref) {

@@ -8,9 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -125,21 +128,42 @@ func (c *Client) Exec(ctx context.Context, id string, argv []string, stdin io.Re
 	}
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
+	// The process sees its stdin end (EOF) when stdin does: containerd's
+	// copy of stdin into the fifo ends, and CloseIO then closes the
+	// process's end, as ctr does. The close waits until the process has
+	// started (before that the shim has no stdin to close).
+	var started chan containerd.Process
+	if stdin != nil && !tty {
+		started = make(chan containerd.Process, 1)
+		stdin = &stdinCloser{r: stdin, started: started, ctx: context.WithoutCancel(ctx)}
+	}
 	opts := []cio.Opt{cio.WithStreams(stdin, stdout, stderr)}
 	if tty {
 		opts = append(opts, cio.WithTerminal)
 	}
 	p, err := task.Exec(ctx, "exec-"+hex.EncodeToString(b), ps, cio.NewCreator(opts...))
 	if err != nil {
+		if started != nil {
+			close(started)
+		}
 		return 0, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	defer p.Delete(context.WithoutCancel(ctx))
 	ch, err := p.Wait(ctx)
 	if err != nil {
+		if started != nil {
+			close(started)
+		}
 		return 0, err
 	}
 	if err := p.Start(ctx); err != nil {
+		if started != nil {
+			close(started)
+		}
 		return 0, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	if started != nil {
+		started <- p
 	}
 	if tty {
 		c.ttyStarted(ctx, p)
@@ -148,6 +172,29 @@ func (c *Client) Exec(ctx context.Context, id string, argv []string, stdin io.Re
 	p.IO().Wait()
 	code, _, err := st.Result()
 	return code, err
+}
+
+// stdinCloser passes stdin through and, at its end, closes the stdin of the
+// process sent on started once it runs (nothing if started closes empty).
+type stdinCloser struct {
+	r       io.Reader
+	started <-chan containerd.Process
+	ctx     context.Context
+	once    sync.Once
+}
+
+func (s *stdinCloser) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	if err == io.EOF {
+		s.once.Do(func() {
+			if p, ok := <-s.started; ok {
+				if cerr := p.CloseIO(s.ctx, containerd.WithStdinCloser); cerr != nil && !errdefs.IsNotFound(cerr) {
+					log.G(s.ctx).WithError(cerr).Debug("lazyfork: close exec stdin")
+				}
+			}
+		})
+	}
+	return n, err
 }
 
 // ttyStarted is replaced by the CLI to resize the terminal.

@@ -314,7 +314,7 @@ func TestCLI(t *testing.T) {
 	}
 
 	// delete: children keep running; clean removes what has stopped
-	e.must(t, "delete", "twin")
+	e.must(t, "delete", "-f", "twin")
 	if r, ok := e.list(t)[grand]; !ok || r.State != "running" {
 		t.Errorf("twin's child after delete twin: %+v", r)
 	}
@@ -328,7 +328,7 @@ func TestCLI(t *testing.T) {
 		t.Errorf("after clean: %v", left)
 	}
 	for x := range left {
-		e.must(t, "delete", x)
+		e.must(t, "delete", "-f", x)
 	}
 	if left := e.list(t); len(left) != 0 {
 		t.Errorf("after deleting all: %v", left)

@@ -202,7 +202,7 @@ func (e *cliEnv) startCounterCLI(t *testing.T, name string) stackState {
 	e.must(t, "create", "--name", name, pyRef, "--", "python3", counterPy, "16", "--interval", "0.05")
 	e.waitTick(t, name, 3)
 	warm := strings.TrimSpace(e.must(t, "fork", name))
-	e.must(t, "delete", warm)
+	e.must(t, "delete", "-f", warm)
 	return e.state(t)
 }
 

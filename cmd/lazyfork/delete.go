@@ -6,25 +6,33 @@ import (
 	"fmt"
 	"os"
 
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+
 	"github.com/lazyfork/lazyfork/client"
 )
 
 func init() {
+	var force bool
 	register(&command{
 		name:  "delete",
-		args:  "NAME...",
-		short: "delete containers (their forks keep running)",
-		example: `  lazyfork delete counter
-  lazyfork delete 3fa9 twin`,
+		args:  "[-f] NAME...",
+		short: "delete stopped containers; -f also kills running ones (their forks keep running)",
+		example: `  lazyfork delete counter        # refused while counter runs: stop it first
+  lazyfork delete -f 3fa9 twin   # kill and delete running containers`,
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&force, "force", false, "kill a running (or paused) container's task, then delete it")
+			fs.BoolVar(&force, "f", false, "shorthand for --force")
+		},
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
 			if len(pos) == 0 {
-				return fmt.Errorf("want NAME...")
+				return fmt.Errorf("want NAME...: %w", errdefs.ErrInvalidArgument)
 			}
 			var errs []error
 			for _, ref := range pos {
 				id, err := a.resolve(ref)
 				if err == nil {
-					err = a.delete(id)
+					err = a.delete(id, force)
 				}
 				if err != nil {
 					errs = append(errs, err)
@@ -36,21 +44,28 @@ func init() {
 		},
 	})
 	register(&command{
-		name:    "clean",
-		args:    "",
-		short:   "delete every stopped container (stopped with lazyfork stop, or whose process ended)",
-		example: `  lazyfork clean`,
+		name:  "clean",
+		args:  "[--all-runtimes]",
+		short: "delete every stopped LazyFork container (stopped with lazyfork stop, or whose process ended)",
+		example: `  lazyfork clean
+  lazyfork clean --all-runtimes   # also other runtimes' stopped containers`,
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 0, "no arguments"); err != nil {
+				return err
+			}
 			rows, err := a.rows()
 			if err != nil {
 				return err
 			}
 			var errs []error
 			for _, r := range rows {
-				if r.State == "running" || r.State == "paused" || r.State == "created" || r.State == "pausing" {
+				if r.State != "exited" && r.State != "stopped" {
 					continue
 				}
-				if err := a.delete(r.ID); err != nil {
+				if err := a.delete(r.ID, false); err != nil {
+					if errdefs.IsFailedPrecondition(err) {
+						continue // it started again meanwhile
+					}
 					errs = append(errs, err)
 					continue
 				}
@@ -61,12 +76,31 @@ func init() {
 	})
 }
 
-func (a *app) delete(id string) error {
-	var logPath string
-	if ctr, err := a.cd.LoadContainer(a.ctx, id); err == nil {
-		if l, err := ctr.Labels(a.ctx); err == nil {
-			logPath = l[client.LabelLog]
+// delete removes container id and its log. Without force, a container whose
+// task is not stopped (running, paused, ...) is refused, as ctr and nerdctl
+// refuse it.
+func (a *app) delete(id string, force bool) error {
+	ctr, err := a.cd.LoadContainer(a.ctx, id)
+	if err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	if !force {
+		if task, err := ctr.Task(a.ctx, nil); err == nil {
+			st, err := task.Status(a.ctx)
+			if err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("delete %s: task status: %w", id, err)
+			}
+			if err == nil && st.Status != containerd.Stopped && st.Status != containerd.Created {
+				return fmt.Errorf("cannot delete %s: it is %s (end it with lazyfork stop, or kill it with delete -f): %w",
+					id, st.Status, errdefs.ErrFailedPrecondition)
+			}
+		} else if !errdefs.IsNotFound(err) {
+			return fmt.Errorf("delete %s: %w", id, err)
 		}
+	}
+	var logPath string
+	if l, err := ctr.Labels(a.ctx); err == nil {
+		logPath = l[client.LabelLog]
 	}
 	if err := a.lf.Delete(a.ctx, id); err != nil {
 		return err

@@ -11,11 +11,13 @@ import (
 	"syscall"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/client"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
 func init() {
@@ -65,8 +67,12 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 					}
 				}
 			}
-			if err := os.MkdirAll(a.logPath(""), 0o755); err != nil {
+			if err := os.MkdirAll(a.logDirNS(), 0o755); err != nil {
 				return err
+			}
+			// Logs of forks that ctr or nerdctl removed go now.
+			if _, err := a.sweepLogs(false); err != nil {
+				fmt.Fprintf(os.Stderr, "lazyfork: %v\n", err)
 			}
 			var started atomic.Int64
 			stop := make(chan struct{})
@@ -87,10 +93,20 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 					}
 				}
 			}()
-			opts = append(opts, client.WithIO(func(fid string) cio.Creator {
-				started.Add(1)
-				return cio.LogFile(a.logPath(fid))
-			}))
+			// A fork of nerdctl's container logs through nerdctl's driver
+			// (the client's default for it), so that nerdctl logs reads it.
+			nerdctlParent := false
+			if pc, err := a.cd.LoadContainer(ctx, id); err == nil {
+				if l, err := pc.Labels(ctx); err == nil {
+					nerdctlParent = l[client.LabelNerdctlName] != "" && l["nerdctl/state-dir"] != ""
+				}
+			}
+			if !nerdctlParent {
+				opts = append(opts, client.WithIO(func(fid string) cio.Creator {
+					started.Add(1)
+					return cio.LogFile(a.logPath(fid))
+				}))
+			}
 			if ids != nil {
 				opts = append(opts, client.WithIDs(ids...))
 			}
@@ -104,7 +120,7 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 				if ctx.Err() != nil && a.ctx.Err() == nil && !errors.Is(err, client.ErrCleanupIncomplete) {
 					return fmt.Errorf("fork of %s interrupted: no copy was made, %s runs on (%w)", id, id, err)
 				}
-				return err
+				return a.snapshotterHint(id, err)
 			}
 			if bar {
 				progress(n, n, true)
@@ -114,7 +130,10 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 					id, n, res.Paused.Seconds(), res.Checkpoint.Seconds(), res.Restore.Seconds())
 			}
 			for _, f := range res.Forks {
-				l := map[string]string{client.LabelLog: a.logPath(f.Container.ID())}
+				l := map[string]string{}
+				if !nerdctlParent {
+					l[client.LabelLog] = a.logPath(f.Container.ID())
+				}
 				if name != "" {
 					l[client.LabelName] = f.Container.ID()
 				}
@@ -139,4 +158,21 @@ func progress(k, n int, final bool) {
 		end = "\n"
 	}
 	fmt.Fprintf(os.Stderr, "\rforking [%s%s] %d/%d%s", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), k, n, end)
+}
+
+// snapshotterHint adds to a failed fork's error what to do when the cause is
+// a dead lazyfork snapshotter (the parent's rootfs is on it).
+func (a *app) snapshotterHint(id string, err error) error {
+	ctr, lerr := a.cd.LoadContainer(a.ctx, id)
+	if lerr != nil {
+		return err
+	}
+	info, lerr := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata)
+	if lerr != nil || info.Snapshotter != snapclient.SnapshotterName {
+		return err
+	}
+	if perr := a.snapshotterAnswers(info.Snapshotter); perr != nil {
+		return fmt.Errorf("%w\nthe lazyfork snapshotter, which holds %s's rootfs, does not answer: run lazyfork setup to start it, then lazyfork gc", err, id)
+	}
+	return err
 }

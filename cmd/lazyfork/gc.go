@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 )
@@ -10,7 +11,7 @@ func init() {
 	register(&command{
 		name:  "gc",
 		args:  "[--dry-run]",
-		short: "undo forks whose process died mid-way (thaw their parents, remove half-made copies, snapshots, leases) and remove orphaned snapshots",
+		short: "undo forks whose process died mid-way (thaw their parents, remove half-made copies, snapshots, leases), remove orphaned snapshots and the logs of containers other tools removed",
 		example: `  lazyfork gc             # prints one line per object removed
   lazyfork gc --dry-run   # prints what it would remove`,
 		flags: func(fs *flag.FlagSet) {
@@ -28,7 +29,11 @@ func init() {
 			for _, r := range rep.Removed {
 				fmt.Fprintf(a.out, "%s %s\n", verb, r)
 			}
-			return err
+			logs, lerr := a.sweepLogs(dry)
+			for _, p := range logs {
+				fmt.Fprintf(a.out, "%s log %s (its container is gone)\n", verb, p)
+			}
+			return errors.Join(err, lerr)
 		},
 	})
 }

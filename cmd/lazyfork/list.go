@@ -46,17 +46,39 @@ type row struct {
 
 func init() {
 	var format string
+	var quiet bool
 	register(&command{
 		name:  "list",
-		args:  "[--format table|json]",
+		args:  "[-q] [--format table|json|TEMPLATE]",
 		short: "list containers: id, name, state, parent, depth, pid, procs, memory, and a total",
 		example: `  lazyfork list
-  lazyfork list --format json | jq '.containers[].memoryBytes'`,
-		flags: func(fs *flag.FlagSet) { fs.StringVar(&format, "format", "table", "table or json") },
+  lazyfork list -q                                  # ids only
+  lazyfork list --format json | jq '.containers[].memoryBytes'
+  lazyfork list --format '{{.ID}} {{.State}}'       # a Go template per container
+  lazyfork list --format '{{json .}}'               # one JSON object a line
+  lazyfork list --format 'table {{.ID}}\t{{.Parent}}\t{{human .Memory}}'`,
+		flags: func(fs *flag.FlagSet) {
+			addFormat(fs, &format)
+			fs.BoolVar(&quiet, "q", false, "print the ids only")
+			fs.BoolVar(&quiet, "quiet", false, "print the ids only")
+		},
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 0, "no arguments"); err != nil {
+				return err
+			}
+			o, err := parseFormat(format)
+			if err != nil {
+				return err
+			}
 			rows, err := a.rows()
 			if err != nil {
 				return err
+			}
+			if quiet {
+				for _, r := range rows {
+					fmt.Fprintln(a.out, r.ID)
+				}
+				return nil
 			}
 			var total int64
 			procs := 0
@@ -64,21 +86,32 @@ func init() {
 				total += r.Memory
 				procs += r.Procs
 			}
-			switch format {
+			switch o.kind {
 			case "json":
 				return writeJSON(a, map[string]any{"containers": rows, "total": map[string]any{"containers": len(rows), "procs": procs, "memoryBytes": total}})
-			case "table", "":
-			default:
-				return fmt.Errorf("--format %q: want table or json", format)
+			case "template":
+				items := make([]any, len(rows))
+				for i, r := range rows {
+					items[i] = r
+				}
+				return o.template(a.out, items...)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tPARENT\tDEPTH\tPID\tPROCS\tMEMORY\tMEMFILE")
+			head := "ID\tNAME\tSTATE\tPARENT\tDEPTH\tPID\tPROCS\tMEMORY\tMEMFILE"
+			if a.g.allRuntimes {
+				head += "\tRUNTIME"
+			}
+			fmt.Fprintln(tw, head)
 			for _, r := range rows {
 				pid := "-"
 				if r.PID != 0 {
 					pid = strconv.Itoa(int(r.PID))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", r.ID, orDash(r.Name), r.State, orDash(r.Parent), r.Depth, pid, r.Procs, human(r.Memory), r.memFileCell())
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s", r.ID, orDash(r.Name), r.State, orDash(r.Parent), r.Depth, pid, r.Procs, human(r.Memory), r.memFileCell())
+				if a.g.allRuntimes {
+					fmt.Fprintf(tw, "\t%s", r.Runtime)
+				}
+				fmt.Fprintln(tw)
 			}
 			fmt.Fprintf(tw, "TOTAL\t%d containers\t\t\t\t\t%d\t%s\n", len(rows), procs, human(total))
 			return tw.Flush()
@@ -105,7 +138,8 @@ func human(b int64) string {
 	}
 }
 
-// rows describes every container in the namespace, sorted by family, depth, id.
+// rows describes every LazyFork container in the namespace (every container
+// with --all-runtimes), sorted by family, depth, id.
 func (a *app) rows() ([]*row, error) {
 	ctrs, err := a.cd.Containers(a.ctx)
 	if err != nil {
@@ -114,6 +148,11 @@ func (a *app) rows() ([]*row, error) {
 	var rows []*row
 	byID := map[string]*row{}
 	for _, ctr := range ctrs {
+		if !a.g.allRuntimes {
+			if info, err := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata); err != nil || info.Runtime.Name != client.RuntimeName {
+				continue // another runtime's: not ours to show (--all-runtimes)
+			}
+		}
 		r, err := a.row(ctr)
 		if err != nil {
 			if errdefs.IsNotFound(err) {

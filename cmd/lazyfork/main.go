@@ -3,8 +3,10 @@
 //
 //	lazyfork [--address SOCK] [--namespace NS] [--root DIR] COMMAND [ARGS]
 //
-// Every command that takes NAME accepts a container's name, its id or a
-// unique prefix of its id. One file per command; `lazyfork help` lists them.
+// Every command that takes NAME accepts a container's name (lazyfork's or
+// nerdctl's), its id or a unique prefix of its id. Commands see and act on
+// LazyFork's containers only, unless --all-runtimes. One file per command;
+// `lazyfork help` lists them.
 package main
 
 import (
@@ -31,6 +33,9 @@ type globals struct {
 	namespace string
 	root      string
 	logDir    string
+	// allRuntimes: commands see and act on containers of every runtime,
+	// not only LazyFork's (io.containerd.lazyfork.v1).
+	allRuntimes bool
 }
 
 // command is one subcommand.
@@ -100,13 +105,16 @@ func addGlobals(fs *flag.FlagSet, g *globals) {
 	fs.StringVar(&g.namespace, "n", g.namespace, "shorthand for --namespace (before the command)")
 	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
 	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
+	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }
 
 func mainUsage(w io.Writer) {
 	fmt.Fprint(w, `lazyfork forks running containers (containerd runtime io.containerd.lazyfork.v1).
 
-Usage: lazyfork [--address SOCK] [--namespace NS] [--root DIR] COMMAND [ARGS]
-NAME is a container's name, its id, or a unique prefix of its id.
+Usage: lazyfork [--address SOCK] [--namespace NS] [--root DIR] [--all-runtimes] COMMAND [ARGS]
+NAME is a container's name (lazyfork's or nerdctl's), its id, or a unique prefix of its id.
+Commands see and act on LazyFork's containers only (runtime io.containerd.lazyfork.v1)
+unless --all-runtimes.
 
 Commands:
 `)
@@ -204,10 +212,16 @@ func runCommand(c *command, g globals, args []string) error {
 	a.ctx = namespaces.WithNamespace(context.Background(), g.namespace)
 	if !c.noConn {
 		if _, err := os.Stat(strings.TrimPrefix(g.address, "unix://")); err != nil {
+			if errors.Is(err, os.ErrPermission) {
+				return permissionDenied(g.address, err)
+			}
 			return fmt.Errorf("no containerd at %s (%w): start it, or run lazyfork setup", g.address, err)
 		}
 		cd, err := containerd.New(g.address, containerd.WithDefaultNamespace(g.namespace))
 		if err != nil {
+			if errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "permission denied") {
+				return permissionDenied(g.address, err)
+			}
 			return fmt.Errorf("connect to containerd at %s: %w (is it running? try lazyfork setup)", g.address, err)
 		}
 		defer cd.Close()
@@ -219,6 +233,13 @@ func runCommand(c *command, g globals, args []string) error {
 	return c.run(a, fs, pos, cmd)
 }
 
+// permissionDenied is the error for a user who may not use containerd's
+// socket: not "no containerd", which would send them to setup.
+func permissionDenied(address string, err error) error {
+	return fmt.Errorf("permission denied: run as root (containerd's socket %s is not open to uid %d: %v): %w",
+		address, os.Getuid(), err, errdefs.ErrPermissionDenied)
+}
+
 // addGlobalsLong registers the long global flags on a command (the one-letter
 // shorthands are for before the command, where -n is not fork's count).
 func addGlobalsLong(fs *flag.FlagSet, g *globals) {
@@ -226,6 +247,7 @@ func addGlobalsLong(fs *flag.FlagSet, g *globals) {
 	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
 	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
 	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
+	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }
 
 // needArgs checks the count of positional arguments.
@@ -236,8 +258,33 @@ func needArgs(pos []string, n int, what string) error {
 	return nil
 }
 
-// resolve maps NAME to a container id.
-func (a *app) resolve(ref string) (string, error) { return a.lf.Resolve(a.ctx, ref) }
+// resolve maps NAME to a container id. A container of another runtime than
+// LazyFork's is refused unless --all-runtimes: lazyfork leaves ctr's and
+// nerdctl's runc containers alone.
+func (a *app) resolve(ref string) (string, error) {
+	id, err := a.lf.Resolve(a.ctx, ref)
+	if err != nil || a.g.allRuntimes {
+		return id, err
+	}
+	ctr, err := a.cd.LoadContainer(a.ctx, id)
+	if err != nil {
+		return "", err
+	}
+	info, err := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata)
+	if err != nil {
+		return "", err
+	}
+	if info.Runtime.Name != client.RuntimeName {
+		return "", notLazyFork(id, info.Runtime.Name)
+	}
+	return id, nil
+}
+
+// notLazyFork is the error for a container of another runtime.
+func notLazyFork(id, runtime string) error {
+	return fmt.Errorf("%s runs under runtime %s, not LazyFork's %s: lazyfork leaves it alone (use ctr or nerdctl, or pass --all-runtimes): %w",
+		id, orDash(runtime), client.RuntimeName, errdefs.ErrFailedPrecondition)
+}
 
 // loadOne loads the container the one NAME a command takes names.
 func (a *app) loadOne(pos []string) (containerd.Container, error) {

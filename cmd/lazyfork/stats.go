@@ -39,16 +39,21 @@ func init() {
 	var asCSV, header bool
 	register(&command{
 		name:  "stats",
-		args:  "NAME [--format table|json] [--csv [--header]]",
+		args:  "NAME [--format table|json|TEMPLATE] [--csv [--header]]",
 		short: "memory, snapshot size and pages, restore timing of one container",
 		example: `  lazyfork stats twin
-  lazyfork stats twin --csv --header > stats.csv; lazyfork stats fork2 --csv >> stats.csv`,
+  lazyfork stats twin --csv --header > stats.csv; lazyfork stats fork2 --csv >> stats.csv
+  lazyfork stats twin --format '{{.RssAnon}}'`,
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&format, "format", "table", "table or json")
+			addFormat(fs, &format)
 			fs.BoolVar(&asCSV, "csv", false, "one CSV row")
 			fs.BoolVar(&header, "header", false, "with --csv: a header line first")
 		},
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			o, err := parseFormat(format)
+			if err != nil {
+				return err
+			}
 			ctr, err := a.loadOne(pos)
 			if err != nil {
 				return err
@@ -90,8 +95,10 @@ func init() {
 					strconv.FormatBool(s.MemFile), itoa(s.MemFileBytes), strconv.Itoa(s.MemFileMappings)})
 				w.Flush()
 				return w.Error()
-			case format == "json":
+			case o.kind == "json":
 				return writeJSON(a, s)
+			case o.kind == "template":
+				return o.template(a.out, s)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "id:\t%s\nname:\t%s\nstate:\t%s\n", s.ID, orDash(s.Name), s.State)

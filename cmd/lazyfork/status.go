@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"text/tabwriter"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/snapshots"
 
 	"golang.org/x/sys/unix"
 
@@ -20,26 +26,37 @@ type statusReport struct {
 	Address     string `json:"address"`
 	Namespace   string `json:"namespace"`
 	Snapshotter string `json:"snapshotter"`
-	CRIU        string `json:"criu"`
-	Root        string `json:"root"`
-	Containers  int    `json:"containers"`
-	Running     int    `json:"running"`
-	Stopped     int    `json:"stopped"`
-	Families    int    `json:"families"`
-	MemFiles    int    `json:"memoryFiles"`
-	MemBytes    int64  `json:"memoryFileBytes"`
-	FamilyMem   int64  `json:"familyMemoryBytes"` // memory files + every container's cgroup usage
+	// SnapshotterAlive: containerd has lazyfork's snapshotter and it answers.
+	SnapshotterAlive bool   `json:"snapshotterAlive"`
+	CRIU             string `json:"criu"`
+	Root             string `json:"root"`
+	Containers       int    `json:"containers"`
+	Running          int    `json:"running"`
+	Stopped          int    `json:"stopped"`
+	Families         int    `json:"families"`
+	MemFiles         int    `json:"memoryFiles"`
+	MemBytes         int64  `json:"memoryFileBytes"`
+	FamilyMem        int64  `json:"familyMemoryBytes"` // memory files + every container's cgroup usage
 }
 
 func init() {
 	var format string
 	register(&command{
-		name:    "status",
-		args:    "[--format table|json]",
-		short:   "host, containerd, snapshotter, CRIU and totals (containers, memory files, family memory)",
-		example: "  lazyfork status\n  lazyfork status --format json",
-		flags:   func(fs *flag.FlagSet) { fs.StringVar(&format, "format", "table", "table or json") },
+		name:  "status",
+		args:  "[--format table|json|TEMPLATE]",
+		short: "host, containerd, snapshotter, CRIU and totals (containers, memory files, family memory)",
+		example: `  lazyfork status
+  lazyfork status --format json
+  lazyfork status --format '{{.Snapshotter}}'`,
+		flags: func(fs *flag.FlagSet) { addFormat(fs, &format) },
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 0, "no arguments"); err != nil {
+				return err
+			}
+			o, err := parseFormat(format)
+			if err != nil {
+				return err
+			}
 			s := statusReport{Address: a.g.address, Namespace: a.g.namespace, Root: a.g.root}
 			s.Host, _ = os.Hostname()
 			var u unix.Utsname
@@ -54,6 +71,11 @@ func init() {
 			s.Snapshotter = "absent (overlayfs is used)"
 			if a.hasSnapshotter(snapclient.SnapshotterName) {
 				s.Snapshotter = snapclient.SnapshotterName + " (proxy plugin)"
+				s.SnapshotterAlive = true
+				if err := a.snapshotterAnswers(snapclient.SnapshotterName); err != nil {
+					s.SnapshotterAlive = false
+					s.Snapshotter = fmt.Sprintf("%s (proxy plugin) DEAD: it does not answer (%v): run lazyfork setup to start it", snapclient.SnapshotterName, err)
+				}
 			}
 			s.CRIU = "not found"
 			if out, err := exec.Command("criu", "--version").Output(); err == nil {
@@ -73,7 +95,7 @@ func init() {
 				}
 				s.FamilyMem += r.Memory
 			}
-			fams, err := a.lf.Families()
+			fams, err := a.families()
 			if err != nil {
 				return err
 			}
@@ -83,8 +105,11 @@ func init() {
 				s.MemBytes += f.Bytes
 			}
 			s.FamilyMem += s.MemBytes
-			if format == "json" {
+			switch o.kind {
+			case "json":
 				return writeJSON(a, s)
+			case "template":
+				return o.template(a.out, s)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 			for _, kv := range [][2]string{
@@ -102,4 +127,36 @@ func init() {
 			return tw.Flush()
 		},
 	})
+}
+
+// snapshotterAnswers tells whether snapshotter name answers through
+// containerd. containerd lists a proxy plugin whether or not its process
+// runs, and answers "not found" from its own records without asking it, so
+// the probe is a call that reaches the snapshotter: a walk (which stats each
+// snapshot there) or, when the namespace has none on it, a snapshot prepared
+// under a short lease and removed at once.
+func (a *app) snapshotterAnswers(name string) error {
+	ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
+	defer cancel()
+	sn := a.cd.SnapshotService(name)
+	errStop := errors.New("stop")
+	seen := false
+	err := sn.Walk(ctx, func(context.Context, snapshots.Info) error { seen = true; return errStop })
+	if seen || (err != nil && !errors.Is(err, errStop)) {
+		if errors.Is(err, errStop) {
+			return nil
+		}
+		return err
+	}
+	lctx, done, err := a.cd.WithLease(ctx, leases.WithExpiration(time.Minute))
+	if err != nil {
+		return err
+	}
+	defer done(context.WithoutCancel(ctx))
+	key := "lazyfork-status-probe-" + randomID()
+	if _, err := sn.Prepare(lctx, key, ""); err != nil {
+		return err
+	}
+	_ = sn.Remove(lctx, key)
+	return nil
 }

@@ -14,12 +14,21 @@ type treeNode struct {
 func init() {
 	var format string
 	register(&command{
-		name:    "tree",
-		args:    "[--format table|json]",
-		short:   "show containers as family trees (forks under their parent)",
-		example: "  lazyfork tree\n  lazyfork tree --format json",
-		flags:   func(fs *flag.FlagSet) { fs.StringVar(&format, "format", "table", "table or json") },
+		name:  "tree",
+		args:  "[--format table|json|TEMPLATE]",
+		short: "show containers as family trees (forks under their parent)",
+		example: `  lazyfork tree
+  lazyfork tree --format json                       # the trees, children nested
+  lazyfork tree --format '{{.Depth}} {{.ID}}'       # a Go template per container, parents first`,
+		flags: func(fs *flag.FlagSet) { addFormat(fs, &format) },
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			if err := needArgs(pos, 0, "no arguments"); err != nil {
+				return err
+			}
+			o, err := parseFormat(format)
+			if err != nil {
+				return err
+			}
 			rows, err := a.rows()
 			if err != nil {
 				return err
@@ -37,8 +46,22 @@ func init() {
 				}
 			}
 			sort.SliceStable(roots, func(i, j int) bool { return roots[i].ID < roots[j].ID })
-			if format == "json" {
+			switch o.kind {
+			case "json":
 				return writeJSON(a, roots)
+			case "template":
+				var items []any
+				var flat func(n *treeNode)
+				flat = func(n *treeNode) {
+					items = append(items, n.row)
+					for _, c := range n.Children {
+						flat(c)
+					}
+				}
+				for _, r := range roots {
+					flat(r)
+				}
+				return o.template(a.out, items...)
 			}
 			var walk func(n *treeNode, prefix string, last, top bool)
 			walk = func(n *treeNode, prefix string, last, top bool) {

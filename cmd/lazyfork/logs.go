@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+
+	"github.com/lazyfork/lazyfork/client"
+)
+
+// nerdctl's labels on its containers.
+const (
+	labelNerdctlStateDir = "nerdctl/state-dir" // holds <id>-json.log (json-file driver)
+)
+
+func init() {
+	var follow bool
+	register(&command{
+		name:  "logs",
+		args:  "NAME [-f]",
+		short: "print a container's output; -f follows it until the container ends (or Ctrl-C). Works for containers made by lazyfork, ctr and nerdctl",
+		example: `  lazyfork logs twin
+  lazyfork logs -f counter
+The output is read where the container's task writes it: lazyfork's log file, a ctr
+--log-uri file://, nerdctl's json-file log; for ctr run -d without --log-uri
+(fifos nobody reads) -f streams it from now on.`,
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&follow, "follow", false, "keep printing new output until Ctrl-C")
+			fs.BoolVar(&follow, "f", false, "shorthand for --follow")
+		},
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			return a.logs(pos, follow)
+		},
+	})
+	var attachFollow bool
+	register(&command{
+		name:  "attach",
+		args:  "NAME [--follow=false]",
+		short: "stream a container's output (lazyfork logs -f); Ctrl-C detaches, the container keeps running",
+		example: `  lazyfork attach counter
+  lazyfork attach twin --follow=false   # print what is there and return`,
+		flags: func(fs *flag.FlagSet) { fs.BoolVar(&attachFollow, "follow", true, "keep streaming new output") },
+		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			return a.logs(pos, attachFollow)
+		},
+	})
+}
+
+// logSource is where a container's output can be read.
+type logSource struct {
+	path string
+	// kind: "file" (raw output), "json" (nerdctl's json-file lines) or
+	// "fifo" (the task's stdout and stderr fifos: live output only).
+	kind   string
+	stderr string // kind fifo: the stderr fifo
+}
+
+// logSource finds where container ctr's output goes.
+func (a *app) logSource(ctr containerd.Container) (logSource, error) {
+	id := ctr.ID()
+	labels, err := ctr.Labels(a.ctx)
+	if err != nil {
+		return logSource{}, err
+	}
+	if p := labels[client.LabelLog]; p != "" {
+		return logSource{path: p, kind: "file"}, nil
+	}
+	if dir := labels[labelNerdctlStateDir]; dir != "" {
+		p := filepath.Join(dir, id+"-json.log")
+		if _, err := os.Stat(p); err == nil {
+			return logSource{path: p, kind: "json"}, nil
+		}
+	}
+	resp, err := a.cd.TaskService().Get(a.ctx, &tasksapi.GetRequest{ContainerID: id})
+	if err != nil {
+		if errdefs.IsNotFound(errgrpc.ToNative(err)) {
+			return logSource{}, fmt.Errorf("%s has no log: no log file was recorded and it has no task whose output could be read: %w", id, errdefs.ErrNotFound)
+		}
+		return logSource{}, fmt.Errorf("logs of %s: %w", id, errgrpc.ToNative(err))
+	}
+	out, errPath := resp.Process.Stdout, resp.Process.Stderr
+	if out == "" {
+		return logSource{}, fmt.Errorf("%s has no log: its task has no stdout (started with null IO): %w", id, errdefs.ErrNotFound)
+	}
+	if u, err := url.Parse(out); err == nil && u.Scheme != "" {
+		switch u.Scheme {
+		case "file":
+			if u.Path == os.DevNull {
+				return logSource{}, fmt.Errorf("%s has no log: its output is discarded (%s): %w", id, out, errdefs.ErrNotFound)
+			}
+			return logSource{path: u.Path, kind: "file"}, nil
+		default:
+			return logSource{}, fmt.Errorf("%s has no log lazyfork can read: its output goes to %s (read it with the tool that started it): %w", id, out, errdefs.ErrNotImplemented)
+		}
+	}
+	if fi, err := os.Stat(out); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+		return logSource{path: out, stderr: errPath, kind: "fifo"}, nil
+	}
+	return logSource{path: out, kind: "file"}, nil
+}
+
+// logs prints the output of the container pos names; with follow it keeps
+// printing until SIGINT or SIGTERM.
+func (a *app) logs(pos []string, follow bool) error {
+	ctr, err := a.loadOne(pos)
+	if err != nil {
+		return err
+	}
+	src, err := a.logSource(ctr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(a.ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch src.kind {
+	case "fifo":
+		if !follow {
+			return fmt.Errorf("%s writes its output to fifos (started without a log file, e.g. ctr run -d without --log-uri): there is no past output to print; lazyfork logs -f %s streams it from now on: %w",
+				ctr.ID(), ctr.ID(), errdefs.ErrNotFound)
+		}
+		return followFifos(ctx, a.out, os.Stderr, src.path, src.stderr)
+	case "json":
+		return tailFile(ctx, src.path, follow, a.ended(ctr), &jsonLogWriter{stdout: a.out, stderr: os.Stderr})
+	}
+	return tailFile(ctx, src.path, follow, a.ended(ctr), a.out)
+}
+
+// ended tells whether ctr's process has ended (no task, or a stopped one):
+// a follow then stops at the end of the log, as docker logs -f does.
+func (a *app) ended(ctr containerd.Container) func() bool {
+	return func() bool {
+		task, err := ctr.Task(a.ctx, nil)
+		if err != nil {
+			return errdefs.IsNotFound(err)
+		}
+		st, err := task.Status(a.ctx)
+		return err == nil && st.Status == containerd.Stopped
+	}
+}
+
+// tailFile copies path to w; with follow it then polls for more until ctx
+// ends or, at the end of the file, ended says the writer is gone.
+func tailFile(ctx context.Context, path string, follow bool, ended func() bool, w io.Writer) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) && follow {
+		// Not written yet (a task just created): wait for it.
+		for errors.Is(err, os.ErrNotExist) {
+			if ended() {
+				return fmt.Errorf("log %s: %w (the container ended without writing it)", path, err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(100 * time.Millisecond):
+			}
+			f, err = os.Open(path)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("log %s: %w", path, err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	var lastCheck time.Time
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return nil // the reader went away (a closed pipe)
+			}
+		}
+		if err == io.EOF {
+			if !follow {
+				return nil
+			}
+			if time.Since(lastCheck) > time.Second {
+				// Checked before one more read: output written
+				// before the end is not lost.
+				lastCheck = time.Now()
+				if ended() {
+					follow = false
+					continue
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// followFifos copies what the task writes to its stdout and stderr fifos
+// until ctx ends or the task closes them.
+func followFifos(ctx context.Context, stdout, stderr io.Writer, outPath, errPath string) error {
+	done := make(chan error, 2)
+	n := 0
+	for _, s := range []struct {
+		path string
+		w    io.Writer
+	}{{outPath, stdout}, {errPath, stderr}} {
+		if s.path == "" {
+			continue
+		}
+		n++
+		go func() {
+			// The shim holds the write end: the open does not wait.
+			f, err := os.OpenFile(s.path, os.O_RDONLY, 0)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer f.Close()
+			_, err = io.Copy(s.w, f)
+			done <- err
+		}()
+	}
+	for ; n > 0; n-- {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-done:
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// jsonLogWriter turns nerdctl's json-file log lines ({"log": ..., "stream":
+// "stdout"|"stderr", "time": ...}) back into the output.
+type jsonLogWriter struct {
+	stdout, stderr io.Writer
+	partial        []byte
+}
+
+func (j *jsonLogWriter) Write(b []byte) (int, error) {
+	j.partial = append(j.partial, b...)
+	for {
+		i := bytes.IndexByte(j.partial, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		line := j.partial[:i]
+		var e struct{ Log, Stream string }
+		if err := json.Unmarshal(line, &e); err == nil {
+			w := j.stdout
+			if e.Stream == "stderr" {
+				w = j.stderr
+			}
+			if _, err := io.WriteString(w, e.Log); err != nil {
+				return 0, err
+			}
+		} else if len(strings.TrimSpace(string(line))) > 0 {
+			fmt.Fprintf(j.stderr, "lazyfork: skipped a log line that is not JSON: %.80q\n", line)
+		}
+		j.partial = j.partial[i+1:]
+	}
+}
