@@ -49,7 +49,12 @@ type forkConfig struct {
 	stayPaused     bool
 	maxForks       int
 	restoreTimeout time.Duration
+	groupSize      int
 }
+
+// WithShimGroup sets how many forks of this call share a shim process
+// (default: the client's, see WithShimGroupSize).
+func WithShimGroup(n int) ForkOpt { return func(c *forkConfig) { c.groupSize = n } }
 
 // WithMax bounds the forks of this call (default: the client's, see
 // WithMaxForks).
@@ -126,7 +131,7 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 }
 
 func (c *Client) forkConfig(opts []ForkOpt) forkConfig {
-	cfg := forkConfig{maxForks: c.maxForks, restoreTimeout: c.restoreTimeout}
+	cfg := forkConfig{maxForks: c.maxForks, restoreTimeout: c.restoreTimeout, groupSize: c.groupSize}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -473,7 +478,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/c.groupSize)
+			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/max(cfg.groupSize, 1))
 			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, group, imageDir, rfs, cfg)
 			if errs[i] == nil {
 				first.Do(func() { errs[i] = failpoint(ctx, FailAfterFirstFork) })

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
@@ -131,6 +132,9 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 		if err := os.RemoveAll(filepath.Join(dir, id)); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: remove hook dir")
 		}
+	}
+	if ns, ok := namespaces.Namespace(ctx); ok && len(errs) == 0 {
+		removeLockFile(c.lockPath(ns, id)) // a fork of it in flight keeps it; gc takes it later
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete %s: %w", id, err)

@@ -160,22 +160,13 @@ func processStart(pid int) string {
 // ROOT/locks/<sha256 of ns/id>.lock, released by unlock or by the process's
 // death. It waits for ctx.
 func (c *Client) lockParent(ctx context.Context, ns, id string) (unlock func(), err error) {
-	f, err := c.openLock(ns, id)
-	if err != nil {
-		return nil, err
-	}
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+		unlock, ok, err := c.tryLockParent(ns, id)
+		if err != nil || ok {
+			return unlock, err
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
 			return nil, fmt.Errorf("wait for another fork of %s to finish its snapshot: %w", id, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -185,31 +176,59 @@ func (c *Client) lockParent(ctx context.Context, ns, id string) (unlock func(), 
 // tryLockParent is lockParent without waiting; ok is false if another
 // process holds the lock.
 func (c *Client) tryLockParent(ns, id string) (unlock func(), ok bool, err error) {
-	f, err := c.openLock(ns, id)
-	if err != nil {
-		return nil, false, err
+	if err := os.MkdirAll(c.locksDir(), 0o700); err != nil {
+		return nil, false, fmt.Errorf("lock of %s: %w", id, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, false, nil
-		}
-		return nil, false, err
+	f, ok, err := tryLockFile(c.lockPath(ns, id))
+	if err != nil {
+		return nil, false, fmt.Errorf("lock of %s: %w", id, err)
+	}
+	if !ok {
+		return nil, false, nil
 	}
 	return func() { f.Close() }, true, nil
 }
 
-func (c *Client) openLock(ns, id string) (*os.File, error) {
-	if err := os.MkdirAll(c.locksDir(), 0o700); err != nil {
-		return nil, fmt.Errorf("lock of %s: %w", id, err)
-	}
+func (c *Client) lockPath(ns, id string) string {
 	sum := sha256.Sum256([]byte(ns + "/" + id))
-	p := filepath.Join(c.locksDir(), hex.EncodeToString(sum[:16])+".lock")
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock of %s: %w", id, err)
+	return filepath.Join(c.locksDir(), hex.EncodeToString(sum[:16])+".lock")
+}
+
+// tryLockFile takes an exclusive flock on the file at p (created if
+// missing) without waiting. The lock holds only if p still names the locked
+// file once it is taken: a remover (removeLockFile) unlinks p under the lock,
+// and whoever had opened the unlinked file retries on the new one.
+func tryLockFile(p string) (_ *os.File, ok bool, _ error) {
+	for {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, false, err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) || errors.Is(err, unix.EINTR) {
+				return nil, false, nil
+			}
+			return nil, false, err
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(p, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
+			return f, true, nil
+		}
+		f.Close() // removed meanwhile: lock the file that p names now
 	}
-	return f, nil
+}
+
+// removeLockFile unlinks the lock file p if no process holds it: a deleted
+// container's lock goes with it, so ROOT/locks does not grow with every
+// container ever forked. It reports whether p is gone.
+func removeLockFile(p string) bool {
+	f, ok, err := tryLockFile(p)
+	if err != nil || !ok {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	defer f.Close()
+	return os.Remove(p) == nil
 }
 
 // Failpoint stages of a fork (LAZYFORK_FAILPOINT=<stage>[:sleep=DUR|:exit]),

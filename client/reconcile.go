@@ -22,7 +22,8 @@ import (
 
 // Report lists what Reconcile or GC removed (or, dry, would remove), one
 // line per object: "thawed NS/ID", "fork NS/ID", "frozen layer NAME",
-// "rootfs snapshot NAME", "snapshot dir DIR", "lease NS/ID", "op record ID".
+// "rootfs snapshot NAME", "snapshot dir DIR", "lease NS/ID", "op record ID",
+// "lock FILE".
 type Report struct {
 	Removed []string
 }
@@ -260,8 +261,9 @@ const OrphanAge = time.Minute
 // GC is Reconcile, then a sweep for orphans no record names: snapshot
 // directories a Fork made (they hold its op marker) that no live operation
 // and no container label (LabelSnapshot, LabelStopped, in any namespace)
-// references and that are older than OrphanAge, and leases labelled LabelOp
-// whose operation is over. dry reports without removing.
+// references and that are older than OrphanAge, leases labelled LabelOp
+// whose operation is over, and parent locks of containers that are gone. dry
+// reports without removing.
 func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 	rep, err := c.reconcile(ctx, dry)
 	errs := []error{err}
@@ -277,7 +279,8 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 	if err != nil {
 		return rep, errors.Join(append(errs, fmt.Errorf("list namespaces: %w", err))...)
 	}
-	used := map[string]bool{} // snapshot dirs containers reference
+	used := map[string]bool{}  // snapshot dirs containers reference
+	locks := map[string]bool{} // lock files of containers that exist
 	for _, ns := range nss {
 		nctx := namespaces.WithNamespace(ctx, ns)
 		ctrs, err := c.cd.ContainerService().List(nctx)
@@ -285,6 +288,7 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 			return rep, errors.Join(append(errs, fmt.Errorf("list containers of %s: %w", ns, err))...)
 		}
 		for _, x := range ctrs {
+			locks[c.lockPath(ns, x.ID)] = true
 			for _, l := range []string{LabelSnapshot, LabelStopped} {
 				if v := x.Labels[l]; v != "" {
 					used[filepath.Dir(filepath.Clean(v))] = true
@@ -311,6 +315,17 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 				}
 			}
 			rep.add("lease %s/%s", ns, l.ID)
+		}
+	}
+	// Parent locks of containers that are gone (ctr or nerdctl removed
+	// them), unless a fork holds them right now.
+	lockFiles, _ := filepath.Glob(filepath.Join(c.locksDir(), "*.lock"))
+	for _, p := range lockFiles {
+		if locks[p] {
+			continue
+		}
+		if dry || removeLockFile(p) {
+			rep.add("lock %s", filepath.Base(p))
 		}
 	}
 	dirs, _ := os.ReadDir(c.snapshotsDir())

@@ -21,7 +21,7 @@ import (
 )
 
 func init() {
-	var n, maxForks int
+	var n, maxForks, shimGroup int
 	var name string
 	var timeout time.Duration
 	register(&command{
@@ -37,6 +37,7 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 			fs.StringVar(&name, "name", "", "name (and id) of the copy; with -n N > 1: NAME-1 ... NAME-N")
 			fs.IntVar(&maxForks, "max", 0, fmt.Sprintf("most copies one call may make (default %d, or $LAZYFORK_MAX_FORKS)", client.DefaultMaxForks))
 			fs.DurationVar(&timeout, "timeout", client.DefaultRestoreTimeout, "bound on each copy's restore; a copy past it is removed and the fork fails")
+			fs.IntVar(&shimGroup, "shim-group", client.DefaultShimGroupSize, "copies that share a shim process (each shim costs 7-10 MB; one that dies takes its group)")
 		},
 		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 1, "NAME"); err != nil {
@@ -45,7 +46,10 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 			if n < 1 {
 				return fmt.Errorf("-n %d: need at least one copy: %w", n, errdefs.ErrInvalidArgument)
 			}
-			opts := []client.ForkOpt{client.WithTimeout(timeout)}
+			if shimGroup < 1 {
+				return fmt.Errorf("--shim-group %d: need at least 1: %w", shimGroup, errdefs.ErrInvalidArgument)
+			}
+			opts := []client.ForkOpt{client.WithTimeout(timeout), client.WithShimGroup(shimGroup)}
 			if maxForks > 0 {
 				opts = append(opts, client.WithMax(maxForks))
 			}
