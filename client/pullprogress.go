@@ -116,6 +116,17 @@ func (p *pullProgress) finish(err error, took time.Duration) {
 	defer p.mu.Unlock()
 	if err == nil {
 		p.status = "done"
+		// Every blob of a pull that succeeded is fetched, whether or not
+		// its last progress event arrived before the pull returned.
+		for name, b := range p.blobs {
+			if b.Total > 0 {
+				b.Progress = b.Total
+			}
+			if b.Event != "already exists" && b.Event != "extracted" {
+				b.Event = "complete"
+			}
+			p.blobs[name] = b
+		}
 	} else {
 		p.status = "failed"
 	}
