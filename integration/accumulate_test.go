@@ -104,7 +104,7 @@ func TestNothingAccumulatesForks(t *testing.T) {
 		p := fmt.Sprintf("p%d", i)
 		s.mustLF(append([]string{"create", "--name", p, harness.BusyboxImage, "--"}, loop...)...)
 		s.mustLF("fork", p, "--name", p+"-f")
-		s.mustLF("delete", p+"-f", p)
+		s.mustLF("delete", "-f", p+"-f", p)
 	}
 	cycle(0)
 	before := rootEntries(t, s.root)

@@ -71,7 +71,7 @@ func newSetupStack(t *testing.T, ns string) *setupStack {
 	s := &setupStack{t: t, bin: lfBin(t), ctr: ctr, dir: dir, root: filepath.Join(dir, "root"), addr: filepath.Join(dir, "c.sock"), ns: ns, config: filepath.Join(dir, "config.toml")}
 	t.Cleanup(func() {
 		for _, id := range s.containers() {
-			s.lf("delete", id)
+			s.lf("delete", "-f", id)
 		}
 		if out, err := s.lf(append(s.setupArgs(), "--down", "--purge")...); err != nil {
 			t.Errorf("setup --down --purge: %v\n%s", err, out)
@@ -189,7 +189,7 @@ func TestSetupServices(t *testing.T) {
 		t.Errorf("a refused purge removed the state: %v", err)
 	}
 	s.mustLF(s.setupArgs()...)
-	s.mustLF("delete", "c1")
+	s.mustLF("delete", "-f", "c1")
 
 	out = s.mustLF(append(s.setupArgs(), "--down", "--purge")...)
 	t.Logf("down --purge:\n%s", out)
@@ -304,7 +304,7 @@ func TestPrivateStacksSideBySide(t *testing.T) {
 	}
 
 	// Deleting A's container, then taking A down, leaves B's running.
-	a.mustLF("delete", "same")
+	a.mustLF("delete", "-f", "same")
 	a.mustLF(append(a.setupArgs(), "--down")...)
 	if p := b.taskPid("same"); p != pb || unix.Kill(pb, 0) != nil {
 		t.Fatalf("B's container (pid %d) is gone after A's was deleted and A taken down (now: %d)", pb, p)
