@@ -12,6 +12,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // SnapshotForRootfs snapshots the running container id, as Checkpoint does,
@@ -48,7 +50,7 @@ func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (image
 	if rfs.Frozen != "" {
 		c.releaseFrozen(ctx, rfs.Frozen)
 	}
-	return imageDir, errors.Join(os.RemoveAll(filepath.Join(snapDir, "upper")), os.Remove(filepath.Join(snapDir, "rootfs.json")))
+	return imageDir, errors.Join(os.RemoveAll(filepath.Join(snapDir, "upper")), os.Remove(filepath.Join(snapDir, api.RootfsFile)))
 }
 
 // CopySnapshotLayer copies the parent's writable layer that the snapshot at

@@ -88,6 +88,6 @@
 // # Per-container state
 //
 // Anything the `delete` subcommand or a later shim needs (family, reference
-// holder, whether the task is a fork) is written atomically to lazyfork.json in
-// the bundle.
+// holder, whether the task is a fork) is written atomically to the bundle's
+// api.BundleStateFile.
 package shim

@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -45,11 +46,11 @@ const (
 // annotations: never to a pod's sandbox container, and with
 // lazyfork.io/fork-container only to the container of that name.
 func forkOf(a map[string]string) string {
-	ref := a[AnnotationForkOf]
+	ref := a[api.AnnotationForkOf]
 	if ref == "" || a[annotationCRIContainerType] == "sandbox" {
 		return ""
 	}
-	if want := a[AnnotationForkContainer]; want != "" && a[annotationCRIContainerName] != want {
+	if want := a[api.AnnotationForkContainer]; want != "" && a[annotationCRIContainerName] != want {
 		return ""
 	}
 	return ref
@@ -63,24 +64,24 @@ func forkOf(a map[string]string) string {
 // container goes. On error nothing is left behind.
 func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr error) {
 	if ref == "" || !filepath.IsAbs(ref) {
-		return "", "", fmt.Errorf("annotation %s=%q: want an absolute path to a LazyFork snapshot directory or a checkpoint archive: %w", AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("annotation %s=%q: want an absolute path to a LazyFork snapshot directory or a checkpoint archive: %w", api.AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
 	}
 	fi, err := os.Stat(ref)
 	if err != nil {
-		return "", "", fmt.Errorf("annotation %s: %w: %w", AnnotationForkOf, err, errdefs.ErrNotFound)
+		return "", "", fmt.Errorf("annotation %s: %w: %w", api.AnnotationForkOf, err, errdefs.ErrNotFound)
 	}
 	switch {
 	case fi.IsDir():
 		if _, err := memfile.ReadSnapshot(ref); err != nil {
-			return "", "", fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
+			return "", "", fmt.Errorf("annotation %s: %w", api.AnnotationForkOf, err)
 		}
 		return ref, "", nil
 	case fi.Mode().IsRegular():
 	default:
-		return "", "", fmt.Errorf("annotation %s: %s is neither a directory nor a file: %w", AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("annotation %s: %s is neither a directory nor a file: %w", api.AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
 	}
 	sum := sha256.Sum256([]byte(ns + "/" + id))
-	base := filepath.Join(cfg.Root, "snapshots")
+	base := api.Root(cfg.Root).Snapshots()
 	if err := os.MkdirAll(base, 0o700); err != nil {
 		return "", "", err
 	}
@@ -93,15 +94,15 @@ func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr
 			_ = os.RemoveAll(top)
 		}
 	}()
-	image := filepath.Join(top, "image")
+	image := api.ImageDir(top)
 	if err := os.Mkdir(image, 0o700); err != nil {
 		return "", "", err
 	}
 	if err := unpackCheckpoint(ref, image); err != nil {
-		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s: %w", AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s: %w", api.AnnotationForkOf, ref, err)
 	}
 	if _, err := memfile.ReadSnapshot(image); err != nil {
-		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s holds no LazyFork snapshot (was it taken under the lazyfork runtime?): %w", AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s holds no LazyFork snapshot (was it taken under the lazyfork runtime?): %w", api.AnnotationForkOf, ref, err)
 	}
 	return image, top, nil
 }
@@ -278,7 +279,7 @@ func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mou
 func (s *Service) snapshotRunning(ctx context.Context, ns, ref, podNS string, rootfs []mount.Mount) (dir, unpacked string, retErr error) {
 	upper, err := upperDirOf(rootfs)
 	if err != nil {
-		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s=%q: %w", api.AnnotationForkOf, ref, err)
 	}
 	args := []string{"pod-snapshot", "--upper", upper}
 	if podNS != "" {
@@ -286,11 +287,11 @@ func (s *Service) snapshotRunning(ctx context.Context, ns, ref, podNS string, ro
 	}
 	out, err := s.lazyfork(ctx, ns, append(args, ref)...)
 	if err != nil {
-		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s=%q: %w", api.AnnotationForkOf, ref, err)
 	}
 	image := strings.TrimSpace(out)
-	if filepath.Dir(filepath.Dir(image)) != filepath.Join(s.cfg.Root, "snapshots") {
-		return "", "", fmt.Errorf("annotation %s=%q: lazyfork pod-snapshot printed %q, not a snapshot under %s", AnnotationForkOf, ref, image, s.cfg.Root)
+	if filepath.Dir(filepath.Dir(image)) != api.Root(s.cfg.Root).Snapshots() {
+		return "", "", fmt.Errorf("annotation %s=%q: lazyfork pod-snapshot printed %q, not a snapshot under %s", api.AnnotationForkOf, ref, image, s.cfg.Root)
 	}
 	return image, filepath.Dir(image), nil
 }
@@ -300,7 +301,7 @@ func (s *Service) snapshotRunning(ctx context.Context, ns, ref, podNS string, ro
 // through `lazyfork pod-layer`. A snapshot without the record leaves the
 // rootfs as CRI made it.
 func (s *Service) copySnapshotLayer(ctx context.Context, ns, imageDir string, rootfs []mount.Mount) (bool, error) {
-	if _, err := os.Stat(filepath.Join(filepath.Dir(imageDir), "rootfs.json")); err != nil {
+	if _, err := os.Stat(filepath.Join(filepath.Dir(imageDir), api.RootfsFile)); err != nil {
 		return false, nil
 	}
 	upper, err := upperDirOf(rootfs)
