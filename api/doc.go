@@ -6,5 +6,6 @@
 // The shim (shim/), the fork client and CLI (client/, cmd/lazyfork), the
 // memory-file store (memfile/) and the examples import these definitions
 // instead of spelling the strings themselves. The package imports nothing of
-// LazyFork's, so any part may depend on it without reaching back up.
+// LazyFork's but the generated protos (proto/), so any part may depend on it
+// without reaching back up.
 package api

@@ -1,8 +1,14 @@
 package api
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // Files of a snapshot directory (ROOT/snapshots/<id>/, or any directory a
@@ -96,4 +102,23 @@ type FamilyRecord struct {
 	MemoryCgroup string    `json:"memoryCgroup"`
 	ShimPID      int       `json:"shimPid"`
 	Updated      time.Time `json:"updated"`
+}
+
+// ReadSnapshotSource reads imageDir/SourceFile. An image without one gives an
+// error wrapping errdefs.ErrNotFound; one that does not decode,
+// errdefs.ErrDataLoss.
+func ReadSnapshotSource(imageDir string) (*SnapshotSource, error) {
+	p := filepath.Join(imageDir, SourceFile)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("snapshot %s records no source container: %w", imageDir, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var src SnapshotSource
+	if err := json.Unmarshal(b, &src); err != nil {
+		return nil, fmt.Errorf("%s: %v: %w", p, err, errdefs.ErrDataLoss)
+	}
+	return &src, nil
 }

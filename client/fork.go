@@ -24,11 +24,11 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
-	"github.com/containerd/typeurl/v2"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/hook"
 	"github.com/lazyfork/lazyfork/memfile"
+	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
@@ -586,16 +586,10 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 	res.CopyUpper = time.Since(t2)
 
 	// A task paused here is thawed by the shim once its dump is done, while
-	// the memory files are written (memfile.ThawFile); a task the caller had
-	// paused stays paused.
-	thaw := memfile.ThawFile(imageDir)
-	if !wasPaused && !cfg.stayPaused {
-		if err := os.WriteFile(thaw, nil, 0o600); err != nil {
-			return err
-		}
-		defer os.Remove(thaw)
-	}
-	opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: imageDir})
+	// the memory files are written; a task the caller had paused stays
+	// paused.
+	opts, err := api.MarshalCheckpointOptions(&runcopts.CheckpointOptions{ImagePath: imageDir},
+		&lazyforkv1.CheckpointOptions{ThawAfterDump: !wasPaused && !cfg.stayPaused})
 	if err != nil {
 		return err
 	}
@@ -607,14 +601,13 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 		Options:     opts,
 	})
 	res.Checkpoint = time.Since(t1)
-	if b, rerr := os.ReadFile(thaw); rerr == nil && len(b) > 0 {
-		if at, perr := time.Parse(time.RFC3339Nano, string(b)); perr == nil {
-			thawedEarly = true
-			res.Paused, res.ThawedBeforeRewrite = at.Sub(t0), true
-		}
-	}
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", errgrpc.ToNative(err))
+	}
+	// The shim records in the snapshot's source when it thawed the task.
+	if src, err := api.ReadSnapshotSource(imageDir); err == nil && !src.Thawed.IsZero() {
+		thawedEarly = true
+		res.Paused, res.ThawedBeforeRewrite = src.Thawed.Sub(t0), true
 	}
 	if err := failpoint(ctx, FailAfterCheckpt); err != nil {
 		return err

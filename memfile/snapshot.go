@@ -15,14 +15,6 @@ import (
 // SnapshotFile is the name of the file a rewrite adds to an image directory.
 const SnapshotFile = api.SnapshotFile
 
-// ThawFile names the file, beside an image directory, by which whoever paused
-// a task asks the shim's checkpoint into imageDir to thaw the task as soon as
-// CRIU's dump is done, before the rewrite: the task runs while its memory is
-// written to the files. The shim writes the time it thawed the task
-// (RFC 3339, nanoseconds) into the file. The asker creates it empty, calls
-// Resume after the checkpoint as always (a no-op then), and removes it.
-func ThawFile(imageDir string) string { return filepath.Clean(imageDir) + ".lazyfork-thaw" }
-
 // SnapshotInfo describes a rewritten image (imageDir/SnapshotFile).
 type SnapshotInfo = api.SnapshotInfo
 

@@ -511,6 +511,10 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
+	lf, err := api.LazyForkCheckpointOptions(r.Options)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
 	if opts.GetOpenTcp() && os.Getenv("CRIU_CONFIG_FILE") == filepath.Join(s.cfg.Root, criuEnvConfigName) {
 		// Established connections need CRIU's network lock, which
 		// LazyFork's CRIU runs leave out (criuEnvConfig).
@@ -593,6 +597,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, withCRIULog(err, filepath.Join(ts.Bundle, "criu-dump.log"))
 	}
 	tDump := time.Since(t1)
+	var thawed time.Time
 	if !opts.GetExit() {
 		if !frozen {
 			ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), ropts.WipeOnFork)
@@ -600,8 +605,8 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		if detached {
 			sup.attach(ctx)
 		}
-		if frozen {
-			s.thawBeforeRewrite(ctx, r.ID, r.Path)
+		if frozen && lf.GetThawAfterDump() {
+			thawed = s.thawBeforeRewrite(ctx, r.ID)
 		}
 	}
 	tThawed := time.Since(t0)
@@ -621,7 +626,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(err)
 	}
 	src := &api.SnapshotSource{Namespace: st.Namespace, Container: st.ID, Family: st.Family,
-		PodNamespace: st.PodNamespace, Forkable: st.Forkable, Taken: time.Now().UTC()}
+		PodNamespace: st.PodNamespace, Forkable: st.Forkable, Taken: time.Now().UTC(), Thawed: thawed}
 	// The source record and the guard go into the staged image, so the
 	// snapshot appears with them or not at all; only restored copies carry
 	// the guard.

@@ -46,18 +46,7 @@ func writeSource(imageDir string, src *api.SnapshotSource) error {
 // readSource returns an error wrapping errdefs.ErrNotFound when the image has
 // no source record.
 func readSource(imageDir string) (*api.SnapshotSource, error) {
-	b, err := os.ReadFile(filepath.Join(imageDir, api.SourceFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("snapshot %s records no source container: %w", imageDir, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return nil, err
-	}
-	var src api.SnapshotSource
-	if err := json.Unmarshal(b, &src); err != nil {
-		return nil, fmt.Errorf("%s: %v: %w", filepath.Join(imageDir, api.SourceFile), err, errdefs.ErrDataLoss)
-	}
-	return &src, nil
+	return api.ReadSnapshotSource(imageDir)
 }
 
 // forkable reads a container's opt-in annotation.
