@@ -15,38 +15,13 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
-// RuntimeName is the runtime every LazyFork container runs under.
-const RuntimeName = "io.containerd.lazyfork.v1"
-
-// Labels LazyFork puts on the containers it makes.
-const (
-	LabelParent    = "lazyfork.io/parent"     // id of the container forked
-	LabelFamily    = "lazyfork.io/family"     // family: the root container and its forks
-	LabelSnapshot  = "lazyfork.io/snapshot"   // LazyFork snapshot the task was restored from
-	LabelName      = "lazyfork.io/name"       // the user's name for the container
-	LabelStopped   = "lazyfork.io/stopped"    // snapshot kept by Stop (image directory)
-	LabelRestoreNS = "lazyfork.io/restore-ns" // a fork's task create → running, in ns
-	LabelLog       = "lazyfork.io/log"        // file the task's stdout and stderr go to
-)
-
 // LabelNerdctlName is nerdctl's name of a container: names resolve by it too.
 const LabelNerdctlName = "nerdctl/name"
-
-// AnnotationFamily in a fork's spec tells the shim which family the
-// container joins.
-const AnnotationFamily = "lazyfork.io/family"
-
-// AnnotationShimGroup in a fork's spec tells the shim which shim process
-// serves it: forks with the same value share one, never the parent's. Its
-// value is FAMILY-SNAPSHOT-K, K = the fork's index in its call / group size.
-const AnnotationShimGroup = "lazyfork.io/shim-group"
-
-// DefaultRoot is LazyFork's tmpfs root, the shim's default.
-const DefaultRoot = "/run/lazyfork"
 
 // Client forks containers through a containerd client.
 type Client struct {
@@ -96,7 +71,7 @@ const DefaultShimGroupSize = 50
 // New returns a LazyFork client on top of a containerd client; the caller keeps
 // ownership of cd (and its namespace in the contexts it passes).
 func New(cd *containerd.Client, opts ...Opt) *Client {
-	c := &Client{cd: cd, root: DefaultRoot, maxForks: maxForksFromEnv(),
+	c := &Client{cd: cd, root: api.DefaultRoot, maxForks: maxForksFromEnv(),
 		restoreTimeout: DefaultRestoreTimeout, groupSize: DefaultShimGroupSize}
 	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
 		c.root = v
@@ -116,7 +91,7 @@ func (c *Client) Containerd() *containerd.Client { return c.cd }
 // Root is LazyFork's root directory.
 func (c *Client) Root() string { return c.root }
 
-func (c *Client) snapshotsDir() string { return filepath.Join(c.root, "snapshots") }
+func (c *Client) snapshotsDir() string { return api.Root(c.root).Snapshots() }
 
 // RemoveSnapshot deletes a LazyFork snapshot made by Fork with KeepSnapshot (its
 // image directory, as in Result.Snapshot) and drops its reference on the
@@ -124,7 +99,7 @@ func (c *Client) snapshotsDir() string { return filepath.Join(c.root, "snapshots
 func (c *Client) RemoveSnapshot(ctx context.Context, imageDir string) error {
 	imageDir = filepath.Clean(imageDir)
 	snapDir := filepath.Dir(imageDir)
-	if filepath.Dir(snapDir) != c.snapshotsDir() || filepath.Base(imageDir) != "image" {
+	if filepath.Dir(snapDir) != c.snapshotsDir() || filepath.Base(imageDir) != api.ImageDirName {
 		return fmt.Errorf("%s is not a snapshot made by Fork under %s: %w", imageDir, c.snapshotsDir(), errdefs.ErrInvalidArgument)
 	}
 	var family string
@@ -162,10 +137,10 @@ func (c *Client) releaseFrozen(ctx context.Context, name string) {
 func (c *Client) removeSnapshot(family, snapDir string) error {
 	var errs []error
 	if family != "" {
-		store, err := memfile.OpenStore(filepath.Join(c.root, "mem"))
+		store, err := memfile.OpenStore(api.Root(c.root).Mem())
 		if err != nil {
 			errs = append(errs, err)
-		} else if err := store.Unref(family, snapshotHolder(filepath.Join(snapDir, "image"))); err != nil && !errdefs.IsNotFound(err) {
+		} else if err := store.Unref(family, snapshotHolder(api.ImageDir(snapDir))); err != nil && !errdefs.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("unref snapshot: %w", err))
 		}
 	}

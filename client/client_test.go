@@ -8,6 +8,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 func TestForkCgroupsPath(t *testing.T) {
@@ -30,10 +32,10 @@ func TestForkSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Linux.CgroupsPath != "/ns/f" || s.Annotations[AnnotationFamily] != "fam" || s.Annotations["a"] != "b" {
+	if s.Linux.CgroupsPath != "/ns/f" || s.Annotations[api.AnnotationFamily] != "fam" || s.Annotations["a"] != "b" {
 		t.Errorf("fork spec %+v %v", s.Linux, s.Annotations)
 	}
-	if parent.Linux.CgroupsPath != "/ns/p" || parent.Annotations[AnnotationFamily] != "" {
+	if parent.Linux.CgroupsPath != "/ns/p" || parent.Annotations[api.AnnotationFamily] != "" {
 		t.Errorf("parent spec changed")
 	}
 	if _, err := forkSpec(&oci.Spec{}, "p", "f", "fam", ""); !errdefs.IsInvalidArgument(err) {

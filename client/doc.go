@@ -25,15 +25,18 @@
 // Then:
 //
 //  1. The parent's task is paused (cgroup freezer).
-//  2. The shim checkpoints it, leaving it running, into ROOT/snapshots/<id>/image
-//     and rewrites the image so its memory lives in the family's memory files.
-//  3. The parent's writable layer is copied aside (ROOT/snapshots/<id>/upper)
-//     while the task is still frozen, so files and memory agree.
-//  4. The parent is resumed, on every path, error or not, unless it was paused
-//     before Fork was called.
+//  2. The parent's writable layer is captured while the task is frozen, so
+//     files and memory agree: a frozen layer on LazyFork's snapshotter, else a
+//     copy (ROOT/snapshots/<id>/upper); where is recorded in api.RootfsFile.
+//  3. The shim checkpoints the task into ROOT/snapshots/<id>/image. Asked by
+//     LazyFork's checkpoint option (api.MarshalCheckpointOptions), it thaws
+//     the task right after CRIU's dump, then rewrites the image so its memory
+//     lives in the family's memory files while the parent runs.
+//  4. The parent is resumed, on every path, error or not (a no-op after the
+//     shim's thaw), unless it was paused before Fork was called.
 //  5. Each fork is a new containerd container: the parent's spec with its own
-//     id and cgroups path, labels naming parent, family and snapshot, runtime
-//     io.containerd.lazyfork.v1, and a rootfs made of a fresh snapshot on the
+//     id and cgroups path, labels naming parent, family and snapshot
+//     (api.LabelParent, ...), runtime api.RuntimeName, and a rootfs made of a fresh snapshot on the
 //     parent's image plus a copy of the frozen writable layer. Its task is
 //     restored from the snapshot directory (WithRestoreImagePath), mapping the
 //     memory files copy-on-write.

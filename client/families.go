@@ -10,15 +10,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 )
-
-// familyRecord is what the shim writes after a rewrite at
-// ROOT/families/<family>.json (shim.FamilyRecord; read here without pulling
-// the shim's packages into the SDK).
-type familyRecord struct {
-	MemoryCgroup string `json:"memoryCgroup"`
-}
 
 // FamilyInfo describes a family's memory files on this host.
 type FamilyInfo struct {
@@ -41,7 +35,7 @@ type FamilyInfo struct {
 
 // Families reports every family in LazyFork's memory store, by name.
 func (c *Client) Families() ([]FamilyInfo, error) {
-	memRoot := filepath.Join(c.root, "mem")
+	memRoot := api.Root(c.root).Mem()
 	ents, err := os.ReadDir(memRoot)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -81,8 +75,8 @@ func (c *Client) Families() ([]FamilyInfo, error) {
 				}
 			}
 		}
-		if b, err := os.ReadFile(filepath.Join(c.root, "families", e.Name()+".json")); err == nil {
-			var rec familyRecord
+		if b, err := os.ReadFile(api.Root(c.root).FamilyRecord(e.Name())); err == nil {
+			var rec api.FamilyRecord
 			if json.Unmarshal(b, &rec) == nil {
 				fi.MemoryCgroup = rec.MemoryCgroup
 			}

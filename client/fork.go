@@ -24,10 +24,11 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
-	"github.com/containerd/typeurl/v2"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/hook"
 	"github.com/lazyfork/lazyfork/memfile"
+	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
@@ -189,9 +190,9 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
-	if info.Runtime.Name != RuntimeName {
+	if info.Runtime.Name != api.RuntimeName {
 		return nil, fmt.Errorf("fork %s: runs under %s, not %s (the memory mount must be there from creation): %w",
-			parentID, info.Runtime.Name, RuntimeName, errdefs.ErrFailedPrecondition)
+			parentID, info.Runtime.Name, api.RuntimeName, errdefs.ErrFailedPrecondition)
 	}
 	spec, err := parent.Spec(ctx)
 	if err != nil {
@@ -204,7 +205,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	}
 	if err != nil || st.Status != containerd.Running && st.Status != containerd.Paused {
 		// A stopped container forks from the snapshot Stop kept.
-		if snap := info.Labels[LabelStopped]; snap != "" && n > 0 {
+		if snap := info.Labels[api.LabelStopped]; snap != "" && n > 0 {
 			forks, err := c.RestoreForks(ctx, parentID, snap, n, opts...)
 			if err != nil {
 				return nil, err
@@ -213,7 +214,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 			for _, f := range forks {
 				took = max(took, f.Restore)
 			}
-			return &Result{Parent: parentID, Family: info.Labels[LabelFamily], Snapshot: snap, Forks: forks, Restore: took}, nil
+			return &Result{Parent: parentID, Family: info.Labels[api.LabelFamily], Snapshot: snap, Forks: forks, Restore: took}, nil
 		}
 		if err != nil && !errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("fork %s: task: %w", parentID, err)
@@ -225,7 +226,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: cannot be forked: %s and no snapshot (it was not stopped with lazyfork stop): %w",
 			parentID, state, errdefs.ErrFailedPrecondition)
 	}
-	family := info.Labels[LabelFamily]
+	family := info.Labels[api.LabelFamily]
 	if family == "" {
 		family = parentID
 	}
@@ -246,7 +247,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 	snapDir := filepath.Join(c.snapshotsDir(), o.rec.ID)
-	imageDir := filepath.Join(snapDir, "image")
+	imageDir := api.ImageDir(snapDir)
 	frozenName := ""
 	if info.Snapshotter == snapclient.SnapshotterName {
 		frozenName = "lazyfork-frozen-" + o.rec.ID
@@ -362,12 +363,12 @@ func (c *Client) finishOp(ctx context.Context, o *op, family string, keep bool) 
 // leaseID is the containerd lease of operation op.
 func leaseID(op string) string { return "lazyfork-op-" + op }
 
-// withOpLease creates operation op's lease (labelled LabelOp, expiring after
+// withOpLease creates operation op's lease (labelled api.LabelOp, expiring after
 // 24 h at the latest) and returns ctx carrying it: the forks' fresh
 // snapshots stay out of containerd's GC until their containers reference them.
 func (c *Client) withOpLease(ctx context.Context, op string) (context.Context, error) {
 	l, err := c.cd.LeasesService().Create(ctx, leases.WithID(leaseID(op)),
-		leases.WithExpiration(24*time.Hour), leases.WithLabel(LabelOp, op))
+		leases.WithExpiration(24*time.Hour), leases.WithLabel(api.LabelOp, op))
 	if err != nil {
 		return ctx, err
 	}
@@ -525,7 +526,7 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 			}
 		}()
 	}
-	if dir := info.Labels[hook.Label]; dir != "" && !wasPaused {
+	if dir := info.Labels[api.LabelHook]; dir != "" && !wasPaused {
 		if err := hook.Quiesce(ctx, hook.HostSocket(dir, parent.ID()), c.hookTimeout); err != nil {
 			return fmt.Errorf("quiesce: %w", err)
 		}
@@ -585,16 +586,10 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 	res.CopyUpper = time.Since(t2)
 
 	// A task paused here is thawed by the shim once its dump is done, while
-	// the memory files are written (memfile.ThawFile); a task the caller had
-	// paused stays paused.
-	thaw := memfile.ThawFile(imageDir)
-	if !wasPaused && !cfg.stayPaused {
-		if err := os.WriteFile(thaw, nil, 0o600); err != nil {
-			return err
-		}
-		defer os.Remove(thaw)
-	}
-	opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: imageDir})
+	// the memory files are written; a task the caller had paused stays
+	// paused.
+	opts, err := api.MarshalCheckpointOptions(&runcopts.CheckpointOptions{ImagePath: imageDir},
+		&lazyforkv1.CheckpointOptions{ThawAfterDump: !wasPaused && !cfg.stayPaused})
 	if err != nil {
 		return err
 	}
@@ -606,14 +601,13 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 		Options:     opts,
 	})
 	res.Checkpoint = time.Since(t1)
-	if b, rerr := os.ReadFile(thaw); rerr == nil && len(b) > 0 {
-		if at, perr := time.Parse(time.RFC3339Nano, string(b)); perr == nil {
-			thawedEarly = true
-			res.Paused, res.ThawedBeforeRewrite = at.Sub(t0), true
-		}
-	}
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", errgrpc.ToNative(err))
+	}
+	// The shim records in the snapshot's source when it thawed the task.
+	if src, err := api.ReadSnapshotSource(imageDir); err == nil && !src.Thawed.IsZero() {
+		thawedEarly = true
+		res.Paused, res.ThawedBeforeRewrite = src.Thawed.Sub(t0), true
 	}
 	if err := failpoint(ctx, FailAfterCheckpt); err != nil {
 		return err
@@ -665,11 +659,11 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		return f, fmt.Errorf("fork %s: %w", id, err)
 	}
 	labels := map[string]string{
-		LabelParent:   parentID,
-		LabelFamily:   family,
-		LabelSnapshot: imageDir,
+		api.LabelParent:   parentID,
+		api.LabelFamily:   family,
+		api.LabelSnapshot: imageDir,
 	}
-	hookDir := info.Labels[hook.Label]
+	hookDir := info.Labels[api.LabelHook]
 	if hookDir != "" {
 		// The fork's copy of the listening socket binds in its own directory.
 		if err := os.MkdirAll(filepath.Join(hookDir, id), 0o755); err != nil {
@@ -680,7 +674,7 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 				fspec.Mounts[i].Source = filepath.Join(hookDir, id)
 			}
 		}
-		labels[hook.Label] = hookDir
+		labels[api.LabelHook] = hookDir
 	}
 
 	// A fork of nerdctl's container is nerdctl's too (its own name, state
@@ -752,7 +746,7 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 			return f, fmt.Errorf("fork %s: %w", id, err)
 		}
 	}
-	if _, err := ctr.SetLabels(ctx, map[string]string{LabelRestoreNS: strconv.FormatInt(f.Restore.Nanoseconds(), 10)}); err != nil {
+	if _, err := ctr.SetLabels(ctx, map[string]string{api.LabelRestoreNS: strconv.FormatInt(f.Restore.Nanoseconds(), 10)}); err != nil {
 		log.G(ctx).WithError(err).WithField("id", id).Warn("lazyfork: record restore time")
 	}
 	return f, nil
@@ -792,9 +786,9 @@ func forkSpec(parent *oci.Spec, parentID, id, family, group string) (*oci.Spec, 
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	s.Annotations[AnnotationFamily] = family
+	s.Annotations[api.AnnotationFamily] = family
 	if group != "" {
-		s.Annotations[AnnotationShimGroup] = group
+		s.Annotations[api.AnnotationShimGroup] = group
 	}
 	return &s, nil
 }

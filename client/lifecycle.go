@@ -15,7 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
-	"github.com/lazyfork/lazyfork/hook"
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // Checkpoint takes a LazyFork snapshot of a running container and keeps it
@@ -38,7 +38,7 @@ func (c *Client) Stop(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if labels[LabelStopped] != "" {
+	if labels[api.LabelStopped] != "" {
 		return "", fmt.Errorf("stop %s: already stopped: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	// The task stays frozen from its snapshot to its end: it never runs past
@@ -64,7 +64,7 @@ func (c *Client) Stop(ctx context.Context, id string) (string, error) {
 		thaw()
 		return "", fmt.Errorf("stop %s: %w", id, err)
 	}
-	if _, err := ctr.SetLabels(ctx, map[string]string{LabelStopped: res.Snapshot}); err != nil {
+	if _, err := ctr.SetLabels(ctx, map[string]string{api.LabelStopped: res.Snapshot}); err != nil {
 		_ = c.RemoveSnapshot(context.WithoutCancel(ctx), res.Snapshot)
 		thaw()
 		return "", fmt.Errorf("stop %s: record snapshot: %w", id, err)
@@ -117,7 +117,7 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("delete %s: task: %w", id, err)
 	}
 	var errs []error
-	if snap := labels[LabelStopped]; snap != "" {
+	if snap := labels[api.LabelStopped]; snap != "" {
 		if err := c.RemoveSnapshot(ctx, snap); err != nil {
 			errs = append(errs, err)
 		}
@@ -128,7 +128,7 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 		// nerdctl's state of its container goes as with nerdctl rm.
 		log.G(ctx).WithError(err).Warn("lazyfork: remove nerdctl state")
 	}
-	if dir := labels[hook.Label]; dir != "" {
+	if dir := labels[api.LabelHook]; dir != "" {
 		if err := os.RemoveAll(filepath.Join(dir, id)); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: remove hook dir")
 		}
@@ -143,7 +143,7 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 }
 
 // Resolve finds the container a user means: an exact id, then a name
-// (LabelName, or nerdctl's LabelNerdctlName), then a unique id prefix.
+// (api.LabelName, or nerdctl's LabelNerdctlName), then a unique id prefix.
 func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 	if ref == "" {
 		return "", fmt.Errorf("empty container name: %w", errdefs.ErrInvalidArgument)
@@ -161,7 +161,7 @@ func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 		if err != nil {
 			continue
 		}
-		if info.Labels[LabelName] == ref || info.Labels[LabelNerdctlName] == ref {
+		if info.Labels[api.LabelName] == ref || info.Labels[LabelNerdctlName] == ref {
 			byName = append(byName, ctr.ID())
 		}
 		if strings.HasPrefix(ctr.ID(), ref) {

@@ -18,14 +18,10 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/atomicfile"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 )
-
-// LabelOp marks the containerd lease a Fork call takes (its value is the
-// operation's id, as in ROOT/ops/<id>.json): Reconcile deletes leases whose
-// operation is over.
-const LabelOp = "lazyfork.io/op"
 
 // opMarker is a file in a snapshot directory naming the operation that made
 // it, while that operation runs; a kept snapshot loses it when its operation
@@ -50,7 +46,7 @@ type opRecord struct {
 	// SnapshotDir is ROOT/snapshots/<x>, the snapshot's directory.
 	SnapshotDir string `json:"snapshotDir,omitempty"`
 	// ImageDir is the image directory the forks restore from (their
-	// LabelSnapshot): in SnapshotDir, or a kept snapshot's.
+	// api.LabelSnapshot): in SnapshotDir, or a kept snapshot's.
 	ImageDir string `json:"imageDir,omitempty"`
 	// Snapshotter holds the parent's rootfs, Frozen the frozen layer of its
 	// writable layer, and the forks' rootfs snapshots (named as the forks).
@@ -62,8 +58,8 @@ type opRecord struct {
 	Created time.Time `json:"created"`
 }
 
-func (c *Client) opsDir() string   { return filepath.Join(c.root, "ops") }
-func (c *Client) locksDir() string { return filepath.Join(c.root, "locks") }
+func (c *Client) opsDir() string   { return api.Root(c.root).Ops() }
+func (c *Client) locksDir() string { return api.Root(c.root).Locks() }
 
 func (c *Client) opPath(id string) string { return filepath.Join(c.opsDir(), id+".json") }
 

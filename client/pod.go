@@ -8,11 +8,99 @@ import (
 	"path/filepath"
 	"strings"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	"github.com/lazyfork/lazyfork/api"
 )
+
+// CRI's labels on a pod's containers (set by kubelet), and CRI's own
+// annotation of a container's pod namespace.
+const (
+	labelPodNamespace          = "io.kubernetes.pod.namespace"
+	labelPodName               = "io.kubernetes.pod.name"
+	labelContainer             = "io.kubernetes.container.name"
+	annotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
+)
+
+// SnapshotForPod serves a fork whose api.AnnotationForkOf names a running
+// container: ref is its id, or NAMESPACE/POD/CONTAINER as Kubernetes names
+// it, in the context's containerd namespace. For a fork in a pod of
+// Kubernetes namespace podNS (podNS != ""), the parent must be in the same
+// Kubernetes namespace and have opted in (api.AnnotationForkable=true),
+// which is checked before anything is paused. The rest is SnapshotForRootfs.
+func (c *Client) SnapshotForPod(ctx context.Context, ref, upper, podNS string) (imageDir string, err error) {
+	id, err := c.runningContainer(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	if podNS != "" {
+		if err := c.podMayFork(ctx, id, podNS); err != nil {
+			return "", err
+		}
+	}
+	return c.SnapshotForRootfs(ctx, id, upper)
+}
+
+// podMayFork checks that a pod of Kubernetes namespace podNS may fork
+// container id: the parent's pod is in the same namespace and opted in with
+// lazyfork.io/forkable=true (the shim checks the snapshot's record again).
+func (c *Client) podMayFork(ctx context.Context, id, podNS string) error {
+	ctr, err := c.cd.LoadContainer(ctx, id)
+	if err != nil {
+		return err
+	}
+	spec, err := ctr.Spec(ctx)
+	if err != nil {
+		return err
+	}
+	if got := spec.Annotations[annotationSandboxNamespace]; got != podNS {
+		return fmt.Errorf("a pod of Kubernetes namespace %q cannot fork container %s of namespace %q: %w", podNS, id, got, errdefs.ErrPermissionDenied)
+	}
+	if spec.Annotations[api.AnnotationForkable] != "true" {
+		return fmt.Errorf("container %s did not opt in to forks by pods (annotation %s=true on its pod): %w", id, api.AnnotationForkable, errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// runningContainer resolves a container id, or NAMESPACE/POD/CONTAINER, to the
+// id of a container of that name with a running task.
+func (c *Client) runningContainer(ctx context.Context, ref string) (string, error) {
+	parts := strings.Split(ref, "/")
+	switch len(parts) {
+	case 1:
+		return ref, nil
+	case 3:
+	default:
+		return "", fmt.Errorf("%q: want a container id or NAMESPACE/POD/CONTAINER: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	filter := fmt.Sprintf(`labels.%q==%q,labels.%q==%q,labels.%q==%q`,
+		labelPodNamespace, parts[0], labelPodName, parts[1], labelContainer, parts[2])
+	ctrs, err := c.cd.Containers(ctx, filter)
+	if err != nil {
+		return "", err
+	}
+	var running []string
+	for _, ctr := range ctrs {
+		t, err := ctr.Task(ctx, nil)
+		if err != nil {
+			continue
+		}
+		if st, err := t.Status(ctx); err == nil && st.Status == containerd.Running {
+			running = append(running, ctr.ID())
+		}
+	}
+	switch len(running) {
+	case 1:
+		return running[0], nil
+	case 0:
+		return "", fmt.Errorf("no running container %s in pod %s/%s (%d by that name): %w", parts[2], parts[0], parts[1], len(ctrs), errdefs.ErrNotFound)
+	}
+	return "", fmt.Errorf("%d running containers %s in pod %s/%s: %w", len(running), parts[2], parts[0], parts[1], errdefs.ErrFailedPrecondition)
+}
 
 // SnapshotForRootfs snapshots the running container id, as Checkpoint does,
 // for one fork whose root filesystem was prepared elsewhere from the parent's
@@ -48,7 +136,7 @@ func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (image
 	if rfs.Frozen != "" {
 		c.releaseFrozen(ctx, rfs.Frozen)
 	}
-	return imageDir, errors.Join(os.RemoveAll(filepath.Join(snapDir, "upper")), os.Remove(filepath.Join(snapDir, "rootfs.json")))
+	return imageDir, errors.Join(os.RemoveAll(filepath.Join(snapDir, "upper")), os.Remove(filepath.Join(snapDir, api.RootfsFile)))
 }
 
 // CopySnapshotLayer copies the parent's writable layer that the snapshot at

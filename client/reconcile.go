@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -140,7 +141,7 @@ func (c *Client) undo(ctx context.Context, rec *opRecord, dry bool) (Report, err
 		if _, err := os.Stat(rec.SnapshotDir); err == nil {
 			if !dry {
 				var family string
-				if info, err := memfile.ReadSnapshot(filepath.Join(rec.SnapshotDir, "image")); err == nil {
+				if info, err := memfile.ReadSnapshot(api.ImageDir(rec.SnapshotDir)); err == nil {
 					family = info.Family
 				}
 				if err := c.removeSnapshot(family, rec.SnapshotDir); err != nil {
@@ -201,7 +202,7 @@ func (c *Client) removeOpFork(ctx context.Context, rec *opRecord, id string, dry
 	if err != nil {
 		return false, err
 	}
-	if labels[LabelParent] != rec.Parent || rec.ImageDir == "" || labels[LabelSnapshot] != rec.ImageDir {
+	if labels[api.LabelParent] != rec.Parent || rec.ImageDir == "" || labels[api.LabelSnapshot] != rec.ImageDir {
 		return false, nil // a container of that name that is not this fork
 	}
 	if dry {
@@ -260,8 +261,8 @@ const OrphanAge = time.Minute
 
 // GC is Reconcile, then a sweep for orphans no record names: snapshot
 // directories a Fork made (they hold its op marker) that no live operation
-// and no container label (LabelSnapshot, LabelStopped, in any namespace)
-// references and that are older than OrphanAge, leases labelled LabelOp
+// and no container label (api.LabelSnapshot, api.LabelStopped, in any namespace)
+// references and that are older than OrphanAge, leases labelled api.LabelOp
 // whose operation is over, and parent locks of containers that are gone. dry
 // reports without removing.
 func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
@@ -289,7 +290,7 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 		}
 		for _, x := range ctrs {
 			locks[c.lockPath(ns, x.ID)] = true
-			for _, l := range []string{LabelSnapshot, LabelStopped} {
+			for _, l := range []string{api.LabelSnapshot, api.LabelStopped} {
 				if v := x.Labels[l]; v != "" {
 					used[filepath.Dir(filepath.Clean(v))] = true
 				}
@@ -301,7 +302,7 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 			continue
 		}
 		for _, l := range ls {
-			op := l.Labels[LabelOp]
+			op := l.Labels[api.LabelOp]
 			if op == "" || live[op] {
 				continue
 			}
@@ -347,7 +348,7 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 		}
 		if !dry {
 			var family string
-			if info, err := memfile.ReadSnapshot(filepath.Join(dir, "image")); err == nil {
+			if info, err := memfile.ReadSnapshot(api.ImageDir(dir)); err == nil {
 				family = info.Family
 			}
 			if rfs, err := readRootfsSource(dir); err == nil && rfs.Frozen != "" {
@@ -395,7 +396,7 @@ func (c *Client) saveRestoreLog(ctx context.Context, id string) string {
 			continue
 		}
 		defer in.Close()
-		dst := filepath.Join(c.root, "logs", ns+"-"+id+"-restore.log")
+		dst := filepath.Join(api.Root(c.root).Logs(), ns+"-"+id+"-restore.log")
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 			return src
 		}

@@ -11,6 +11,8 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // upperDir is the writable directory of an active snapshot.
@@ -59,35 +61,24 @@ func copyLayer(dst, src string) error {
 // kept snapshot may still restore forks on it.
 const gcRootLabel = "containerd.io/gc.root"
 
-// rootfsSource is where a snapshot's forks get the parent's writable layer,
-// recorded as rootfs.json in the snapshot directory.
-type rootfsSource struct {
-	// Frozen is a frozen layer in LazyFork's snapshotter; forks stack a
-	// fresh upper on it (O(1) per fork).
-	Frozen string `json:"frozen,omitempty"`
-	// UpperCopy is a copy of the parent's upper directory (any overlay-style
-	// snapshotter), copied again into each fork.
-	UpperCopy string `json:"upperCopy,omitempty"`
-	// Snapshotter and Namespace locate Frozen for a fork whose rootfs is
-	// made elsewhere (a pod's: CopySnapshotLayer).
-	Snapshotter string `json:"snapshotter,omitempty"`
-	Namespace   string `json:"namespace,omitempty"`
-}
+// rootfsSource is where a snapshot's forks get the parent's writable layer
+// (api.RootfsFile in the snapshot directory).
+type rootfsSource = api.RootfsRecord
 
 func writeRootfsSource(snapDir string, r *rootfsSource) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(snapDir, ".rootfs.json.tmp")
+	tmp := filepath.Join(snapDir, "."+api.RootfsFile+".tmp")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
-	return os.Rename(tmp, filepath.Join(snapDir, "rootfs.json"))
+	return os.Rename(tmp, filepath.Join(snapDir, api.RootfsFile))
 }
 
 func readRootfsSource(snapDir string) (*rootfsSource, error) {
-	b, err := os.ReadFile(filepath.Join(snapDir, "rootfs.json"))
+	b, err := os.ReadFile(filepath.Join(snapDir, api.RootfsFile))
 	if err != nil {
 		return nil, fmt.Errorf("rootfs of the snapshot: %w", errdefs.ErrNotFound)
 	}

@@ -13,9 +13,6 @@ import (
 	"time"
 )
 
-// Label on a container names the host directory its hook sockets live in.
-const Label = "lazyfork.io/hook"
-
 // EnvSocket is the variable that tells the program in the container where to listen.
 const EnvSocket = "LAZYFORK_HOOK"
 
@@ -67,7 +64,7 @@ func SocketPath() string {
 }
 
 // HostSocket is the host path of container id's hook socket under dir (the
-// value of Label).
+// value of the api.LabelHook label).
 func HostSocket(dir, id string) string { return filepath.Join(dir, id, SocketName) }
 
 // Server answers LazyFork's messages on a unix socket.

@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/hook"
 	"github.com/lazyfork/lazyfork/integration/harness"
 )
@@ -82,7 +83,7 @@ func TestHook(t *testing.T) {
 			}),
 			oci.WithEnv([]string{hook.EnvSocket + "=" + hook.ContainerDir + "/" + hook.SocketName, "HOSTNAME=" + id}),
 		},
-		ContainerOpts: []containerd.NewContainerOpts{containerd.WithAdditionalContainerLabels(map[string]string{hook.Label: hookDir})},
+		ContainerOpts: []containerd.NewContainerOpts{containerd.WithAdditionalContainerLabels(map[string]string{api.LabelHook: hookDir})},
 	})
 	if err != nil {
 		t.Fatal(err)

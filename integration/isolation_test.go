@@ -10,10 +10,10 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 
+	"github.com/lazyfork/lazyfork/api"
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/memfile"
-	"github.com/lazyfork/lazyfork/shim"
 )
 
 // secretProg holds 8 MiB and, on each SIGUSR2, about 1 MiB of fresh memory
@@ -135,7 +135,7 @@ func TestIsolation(t *testing.T) {
 			img  containerd.Image
 		}{{"same namespace", ctx, img}, {"other namespace", octx, oimg}} {
 			id := "joiner-" + lfRandom(3)
-			_, task := e.run(t, tc.ctx, tc.img, id, pyHold(1, ""), withAnn(shim.AnnotationFamily, victimID))
+			_, task := e.run(t, tc.ctx, tc.img, id, pyHold(1, ""), withAnn(api.AnnotationFamily, victimID))
 			files, hits := e.memHits(t, tc.ctx, task, "LFSECRET-victim")
 			if len(files) != 0 || len(hits) != 0 {
 				t.Errorf("%s: a container naming the victim's family sees memory files %v (holding the secret: %v)", tc.name, files, hits)
@@ -151,7 +151,7 @@ func TestIsolation(t *testing.T) {
 			id := "thief-" + lfRandom(3)
 			ctr, err := e.NewContainer(octx, id, harness.ContainerConfig{
 				Image: oimg, Args: pyHold(1, ""), Runtime: lfRuntime,
-				SpecOpts: []oci.SpecOpts{withAnn(shim.AnnotationForkOf, ref)},
+				SpecOpts: []oci.SpecOpts{withAnn(api.AnnotationForkOf, ref)},
 			})
 			if err != nil {
 				t.Fatal(err)

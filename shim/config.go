@@ -16,43 +16,18 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
-// RuntimeName is the containerd runtime type served by this shim.
-const RuntimeName = "io.containerd.lazyfork.v1"
-
-// Annotations and labels LazyFork reads or writes on containers.
+// Annotations of other software the shim reads or writes; LazyFork's own are
+// in package api.
 const (
-	// AnnotationFamily in a fork's spec names its family, for the tools. The
-	// shim never takes a container's family from it: a fork's family is its
-	// snapshot's, a root starts its own (see trust.go).
-	AnnotationFamily = "lazyfork.io/family"
-	// AnnotationShimGroup puts forks that carry the same value into one shim
-	// process, never their parent's (the client sets it per batch of forks),
-	// so a dying shim takes down at most one batch.
-	AnnotationShimGroup = "lazyfork.io/shim-group"
-	// AnnotationForkable is a container's (in Kubernetes: a pod's) opt-in to
-	// being forked by a pod through lazyfork.io/fork-of; only pods of its own
-	// Kubernetes namespace may. "true" allows it.
-	AnnotationForkable = "lazyfork.io/forkable"
 	// AnnotationRuncGroup is runc's shim grouping annotation; the manager sets it
 	// from lazyfork.io/shim-group.
 	AnnotationRuncGroup = "io.containerd.runc.v2.group"
 	// AnnotationCRISandbox groups the containers of a CRI pod; it wins over the family.
 	AnnotationCRISandbox = "io.kubernetes.cri.sandbox-id"
-	// AnnotationMadvise chooses the madvise guard of a container's checkpoints:
-	// "refuse" (default), "zero" or "off" (see memfile/madvguard).
-	AnnotationMadvise = "lazyfork.io/madvise"
-	// AnnotationForkOf in a container's spec names a LazyFork snapshot
-	// directory, a checkpoint archive containerd wrote, or a running LazyFork
-	// container (its id, or NAMESPACE/POD/CONTAINER) the container is
-	// restored from instead of started fresh: a fork as a Kubernetes pod.
-	AnnotationForkOf = "lazyfork.io/fork-of"
-	// AnnotationForkContainer limits lazyfork.io/fork-of, set on a pod (CRI
-	// copies allowed pod annotations into every container of the pod), to the
-	// container of that name; the pod's sandbox (pause) container is never a fork.
-	AnnotationForkContainer = "lazyfork.io/fork-container"
 	// CRI's annotations naming a container's type and name.
 	annotationCRIContainerType = "io.kubernetes.cri.container-type"
 	annotationCRIContainerName = "io.kubernetes.cri.container-name"
@@ -61,9 +36,6 @@ const (
 	// annotations through pod_annotations).
 	annotationCRISandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
 )
-
-// DefaultRoot is where LazyFork mounts its tmpfs.
-const DefaultRoot = "/run/lazyfork"
 
 // Config is the shim's configuration, read from the environment containerd gives it.
 type Config struct {
@@ -136,14 +108,14 @@ const DefaultArchiveDir = "/var/lib/kubelet/checkpoints"
 const DefaultRestoreTimeout = 2 * time.Minute
 
 // MemRoot is the root of the family memory store.
-func (c Config) MemRoot() string { return filepath.Join(c.Root, "mem") }
+func (c Config) MemRoot() string { return api.Root(c.Root).Mem() }
 
 // ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE, LAZYFORK_OVERCOMMIT,
 // LAZYFORK_CRIU_VERBOSITY, LAZYFORK_MADVISE, LAZYFORK_ARCHIVE_DIRS,
 // LAZYFORK_RESTORE_TIMEOUT, LAZYFORK_REHOME, LAZYFORK_RUNC_ROOT and
 // LAZYFORK_CGROUP_PARENT.
 func ConfigFromEnv() (Config, error) {
-	c := Config{Root: DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
+	c := Config{Root: api.DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
 		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true}
 	switch v := os.Getenv("LAZYFORK_REHOME"); v {
 	case "", "on", "true", "1":

@@ -20,13 +20,17 @@
 //   - Checkpoint (leave-running unless runc options say otherwise) runs runc's
 //     checkpoint, then rewrites the image with memfile so its private anonymous
 //     memory lives in the family's files; the image path is then a small
-//     LazyFork snapshot.
+//     LazyFork snapshot. A caller that paused the task may ask, in LazyFork's
+//     checkpoint option (api.MarshalCheckpointOptions), for the task to be
+//     thawed right after the dump; the source record says when it was.
 //   - Create with a LazyFork snapshot as checkpoint takes a reference on the
 //     snapshot's memory files for the container (dropped on delete) and lets
 //     runc restore it at Start, mapping the files MAP_PRIVATE.
 //   - A container annotated lazyfork.io/fork-of (a Kubernetes pod's container,
-//     through CRI) is created from the named LazyFork snapshot, or from a
-//     checkpoint archive containerd wrote, unpacked under ROOT/snapshots.
+//     through CRI) is created from the named LazyFork snapshot, from a
+//     checkpoint archive containerd wrote, unpacked under ROOT/snapshots, or
+//     from a running container of its namespace, snapshotted through
+//     containerd by the fork client in this process (client.SnapshotForPod).
 //   - A root container has a shim of its own; forks carrying the same
 //     lazyfork.io/shim-group share one (manager.go), so a dying shim takes
 //     down one group, never the parent.
@@ -88,6 +92,6 @@
 // # Per-container state
 //
 // Anything the `delete` subcommand or a later shim needs (family, reference
-// holder, whether the task is a fork) is written atomically to lazyfork.json in
-// the bundle.
+// holder, whether the task is a fork) is written atomically to the bundle's
+// api.BundleStateFile.
 package shim

@@ -12,17 +12,20 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -45,11 +48,11 @@ const (
 // annotations: never to a pod's sandbox container, and with
 // lazyfork.io/fork-container only to the container of that name.
 func forkOf(a map[string]string) string {
-	ref := a[AnnotationForkOf]
+	ref := a[api.AnnotationForkOf]
 	if ref == "" || a[annotationCRIContainerType] == "sandbox" {
 		return ""
 	}
-	if want := a[AnnotationForkContainer]; want != "" && a[annotationCRIContainerName] != want {
+	if want := a[api.AnnotationForkContainer]; want != "" && a[annotationCRIContainerName] != want {
 		return ""
 	}
 	return ref
@@ -63,24 +66,24 @@ func forkOf(a map[string]string) string {
 // container goes. On error nothing is left behind.
 func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr error) {
 	if ref == "" || !filepath.IsAbs(ref) {
-		return "", "", fmt.Errorf("annotation %s=%q: want an absolute path to a LazyFork snapshot directory or a checkpoint archive: %w", AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("annotation %s=%q: want an absolute path to a LazyFork snapshot directory or a checkpoint archive: %w", api.AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
 	}
 	fi, err := os.Stat(ref)
 	if err != nil {
-		return "", "", fmt.Errorf("annotation %s: %w: %w", AnnotationForkOf, err, errdefs.ErrNotFound)
+		return "", "", fmt.Errorf("annotation %s: %w: %w", api.AnnotationForkOf, err, errdefs.ErrNotFound)
 	}
 	switch {
 	case fi.IsDir():
 		if _, err := memfile.ReadSnapshot(ref); err != nil {
-			return "", "", fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
+			return "", "", fmt.Errorf("annotation %s: %w", api.AnnotationForkOf, err)
 		}
 		return ref, "", nil
 	case fi.Mode().IsRegular():
 	default:
-		return "", "", fmt.Errorf("annotation %s: %s is neither a directory nor a file: %w", AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("annotation %s: %s is neither a directory nor a file: %w", api.AnnotationForkOf, ref, errdefs.ErrInvalidArgument)
 	}
 	sum := sha256.Sum256([]byte(ns + "/" + id))
-	base := filepath.Join(cfg.Root, "snapshots")
+	base := api.Root(cfg.Root).Snapshots()
 	if err := os.MkdirAll(base, 0o700); err != nil {
 		return "", "", err
 	}
@@ -93,15 +96,15 @@ func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr
 			_ = os.RemoveAll(top)
 		}
 	}()
-	image := filepath.Join(top, "image")
+	image := api.ImageDir(top)
 	if err := os.Mkdir(image, 0o700); err != nil {
 		return "", "", err
 	}
 	if err := unpackCheckpoint(ref, image); err != nil {
-		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s: %w", AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s: %w", api.AnnotationForkOf, ref, err)
 	}
 	if _, err := memfile.ReadSnapshot(image); err != nil {
-		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s holds no LazyFork snapshot (was it taken under the lazyfork runtime?): %w", AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s holds no LazyFork snapshot (was it taken under the lazyfork runtime?): %w", api.AnnotationForkOf, ref, err)
 	}
 	return image, top, nil
 }
@@ -268,79 +271,66 @@ func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mou
 
 // snapshotRunning serves a lazyfork.io/fork-of that names a running LazyFork
 // container instead of a path: its id, or NAMESPACE/POD/CONTAINER as
-// Kubernetes names it. `lazyfork pod-snapshot` snapshots it like `lazyfork
-// checkpoint` and copies the parent's writable layer into the fork's upper
-// directory. The snapshot's directory under ROOT/snapshots belongs to the
-// fork (unpacked) and goes with it; the parent keeps running. The lookup is
-// in the fork's containerd namespace only; for a fork in a pod (podNS != "")
-// the parent must be in the same Kubernetes namespace and opted in, which
-// pod-snapshot checks before it pauses anything.
+// Kubernetes names it. The fork client, in this process, snapshots it as
+// `lazyfork checkpoint` does and copies the parent's writable layer into the
+// fork's upper directory (client.SnapshotForPod). The snapshot's directory
+// under ROOT/snapshots belongs to the fork (unpacked) and goes with it; the
+// parent keeps running. The lookup is in the fork's containerd namespace
+// only; for a fork in a pod (podNS != "") the parent must be in the same
+// Kubernetes namespace and opted in, which is checked before anything is
+// paused, and authorizeRestore checks the snapshot's source record again.
 func (s *Service) snapshotRunning(ctx context.Context, ns, ref, podNS string, rootfs []mount.Mount) (dir, unpacked string, retErr error) {
 	upper, err := upperDirOf(rootfs)
 	if err != nil {
-		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s=%q: %w", api.AnnotationForkOf, ref, err)
 	}
-	args := []string{"pod-snapshot", "--upper", upper}
-	if podNS != "" {
-		args = append(args, "--for-pod-namespace", podNS)
-	}
-	out, err := s.lazyfork(ctx, ns, append(args, ref)...)
+	var image string
+	err = s.withForkClient(ctx, ns, func(ctx context.Context, lf *client.Client) error {
+		image, err = lf.SnapshotForPod(ctx, ref, upper, podNS)
+		return err
+	})
 	if err != nil {
-		return "", "", fmt.Errorf("annotation %s=%q: %w", AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s=%q: %w", api.AnnotationForkOf, ref, err)
 	}
-	image := strings.TrimSpace(out)
-	if filepath.Dir(filepath.Dir(image)) != filepath.Join(s.cfg.Root, "snapshots") {
-		return "", "", fmt.Errorf("annotation %s=%q: lazyfork pod-snapshot printed %q, not a snapshot under %s", AnnotationForkOf, ref, image, s.cfg.Root)
+	if filepath.Dir(filepath.Dir(image)) != api.Root(s.cfg.Root).Snapshots() {
+		return "", "", fmt.Errorf("annotation %s=%q: the snapshot %q is not under %s: %w", api.AnnotationForkOf, ref, image, api.Root(s.cfg.Root).Snapshots(), errdefs.ErrInternal)
 	}
 	return image, filepath.Dir(image), nil
 }
 
 // copySnapshotLayer gives a fork from a kept snapshot directory (one that
-// recorded its parent's writable layer: rootfs.json beside it) that layer,
-// through `lazyfork pod-layer`. A snapshot without the record leaves the
-// rootfs as CRI made it.
+// recorded its parent's writable layer: api.RootfsFile beside it) that layer
+// (client.CopySnapshotLayer). A snapshot without the record leaves the rootfs
+// as CRI made it.
 func (s *Service) copySnapshotLayer(ctx context.Context, ns, imageDir string, rootfs []mount.Mount) (bool, error) {
-	if _, err := os.Stat(filepath.Join(filepath.Dir(imageDir), "rootfs.json")); err != nil {
+	if _, err := os.Stat(filepath.Join(filepath.Dir(imageDir), api.RootfsFile)); err != nil {
 		return false, nil
 	}
 	upper, err := upperDirOf(rootfs)
 	if err != nil {
 		return true, err
 	}
-	_, err = s.lazyfork(ctx, ns, "pod-layer", "--upper", upper, imageDir)
-	return true, err
+	return true, s.withForkClient(ctx, ns, func(ctx context.Context, lf *client.Client) error {
+		return lf.CopySnapshotLayer(ctx, imageDir, upper)
+	})
 }
 
-// lazyfork runs the lazyfork command (beside this binary, or on PATH) against
-// the containerd that started this shim (GRPC_ADDRESS, which containerd gives
-// every shim), for the calls a long-lived shim should not link a containerd
-// client for. It returns the command's output; an error carries its message.
-func (s *Service) lazyfork(ctx context.Context, ns string, args ...string) (string, error) {
+// withForkClient runs f with a fork client connected to the containerd that
+// started this shim (GRPC_ADDRESS, which containerd gives every shim), in
+// containerd namespace ns and this shim's LazyFork root. The connection lasts
+// for the call: only a fork-of of a running container or a kept snapshot
+// needs one.
+func (s *Service) withForkClient(ctx context.Context, ns string, f func(context.Context, *client.Client) error) error {
 	addr := os.Getenv("GRPC_ADDRESS")
 	if addr == "" {
-		return "", fmt.Errorf("the shim does not know containerd's address (GRPC_ADDRESS): %w", errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("the shim does not know containerd's address (GRPC_ADDRESS): %w", errdefs.ErrFailedPrecondition)
 	}
-	bin := filepath.Join(filepath.Dir(s.self), "lazyfork")
-	if _, err := os.Stat(bin); err != nil {
-		if bin, err = exec.LookPath("lazyfork"); err != nil {
-			return "", fmt.Errorf("the lazyfork command is neither beside the shim nor on PATH: %w", errdefs.ErrFailedPrecondition)
-		}
+	cd, err := containerd.New(addr, containerd.WithDefaultNamespace(ns))
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", addr, err)
 	}
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--address", addr, "--namespace", ns, "--root", s.cfg.Root}, args...)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(stderr.String()), "lazyfork:"))
-		if msg == "" {
-			msg = err.Error()
-		}
-		var class error = errdefs.ErrFailedPrecondition
-		if strings.Contains(msg, "permission denied") {
-			class = errdefs.ErrPermissionDenied
-		}
-		return "", fmt.Errorf("lazyfork %s: %s: %w", args[0], msg, class)
-	}
-	return stdout.String(), nil
+	defer cd.Close()
+	return f(namespaces.WithNamespace(ctx, ns), client.New(cd, client.WithRoot(s.cfg.Root)))
 }
 
 // upperDirOf finds the upper directory of a fork's overlay rootfs.

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 func writeTar(t *testing.T, entries []tar.Header, body string) string {
@@ -84,7 +86,7 @@ func TestUnpackCheckpointUntrusted(t *testing.T) {
 func TestResolveForkOfBad(t *testing.T) {
 	cfg := Config{Root: t.TempDir()}
 	for _, ref := range []string{"relative/path", "/nonexistent/lazyfork", t.TempDir()} {
-		if _, _, err := resolveForkOf(cfg, "ns", "id", ref); err == nil || !strings.Contains(err.Error(), AnnotationForkOf) {
+		if _, _, err := resolveForkOf(cfg, "ns", "id", ref); err == nil || !strings.Contains(err.Error(), api.AnnotationForkOf) {
 			t.Errorf("fork-of %q: %v, want an error naming the annotation", ref, err)
 		}
 	}
@@ -102,11 +104,11 @@ func TestForkOfApplies(t *testing.T) {
 		a    map[string]string
 		want string
 	}{
-		{map[string]string{AnnotationForkOf: "/s"}, "/s"},
-		{map[string]string{AnnotationForkOf: "/s", annotationCRIContainerType: "sandbox"}, ""},
-		{map[string]string{AnnotationForkOf: "/s", annotationCRIContainerType: "container", annotationCRIContainerName: "app"}, "/s"},
-		{map[string]string{AnnotationForkOf: "/s", AnnotationForkContainer: "app", annotationCRIContainerName: "app"}, "/s"},
-		{map[string]string{AnnotationForkOf: "/s", AnnotationForkContainer: "app", annotationCRIContainerName: "sidecar"}, ""},
+		{map[string]string{api.AnnotationForkOf: "/s"}, "/s"},
+		{map[string]string{api.AnnotationForkOf: "/s", annotationCRIContainerType: "sandbox"}, ""},
+		{map[string]string{api.AnnotationForkOf: "/s", annotationCRIContainerType: "container", annotationCRIContainerName: "app"}, "/s"},
+		{map[string]string{api.AnnotationForkOf: "/s", api.AnnotationForkContainer: "app", annotationCRIContainerName: "app"}, "/s"},
+		{map[string]string{api.AnnotationForkOf: "/s", api.AnnotationForkContainer: "app", annotationCRIContainerName: "sidecar"}, ""},
 		{nil, ""},
 	} {
 		if got := forkOf(c.a); got != c.want {

@@ -22,6 +22,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // NewManager returns the shim manager of io.containerd.lazyfork.v1: runc's
@@ -129,7 +131,7 @@ func groupByShimGroup(bundle string) (string, error) {
 			return "", fmt.Errorf("decode spec annotations: %w", err)
 		}
 	}
-	group := ann[AnnotationShimGroup]
+	group := ann[api.AnnotationShimGroup]
 	if group == "" || ann[AnnotationRuncGroup] != "" || ann[AnnotationCRISandbox] != "" {
 		return "", nil
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // CRI sends a non-runc runtime the handler's [options] as a TOML blob; runc's
@@ -97,10 +99,10 @@ func TestGroupByShimGroup(t *testing.T) {
 		ann  map[string]string
 		want string
 	}{
-		{map[string]string{AnnotationFamily: "fam"}, ""},
-		{map[string]string{AnnotationFamily: "fam", AnnotationShimGroup: "fam-x-0"}, shimGroupPrefix + "fam-x-0"},
-		{map[string]string{AnnotationShimGroup: "b", AnnotationRuncGroup: "g"}, "g"},
-		{map[string]string{AnnotationShimGroup: "b", AnnotationCRISandbox: "pod"}, ""},
+		{map[string]string{api.AnnotationFamily: "fam"}, ""},
+		{map[string]string{api.AnnotationFamily: "fam", api.AnnotationShimGroup: "fam-x-0"}, shimGroupPrefix + "fam-x-0"},
+		{map[string]string{api.AnnotationShimGroup: "b", AnnotationRuncGroup: "g"}, "g"},
+		{map[string]string{api.AnnotationShimGroup: "b", AnnotationCRISandbox: "pod"}, ""},
 		{nil, ""},
 	} {
 		dir := t.TempDir()

@@ -2,15 +2,12 @@ package shim
 
 import (
 	"context"
-	"os"
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
-
-	"github.com/lazyfork/lazyfork/memfile"
 )
 
 // Pause freezes a task with runc's shim; a supervised task is let go first.
@@ -49,23 +46,19 @@ func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 }
 
 // thawBeforeRewrite thaws a paused task right after its dump when whoever
-// paused it asked for it (memfile.ThawFile beside the image directory): the
-// rewrite, most of a snapshot's time, then runs while the task does. Any
-// failure leaves the task paused for the asker's own Resume.
-func (s *Service) thawBeforeRewrite(ctx context.Context, id, imageDir string) {
-	marker := memfile.ThawFile(imageDir)
-	if _, err := os.Stat(marker); err != nil {
-		return
-	}
+// paused it asked for it (lazyforkv1.CheckpointOptions.ThawAfterDump): the
+// rewrite, most of a snapshot's time, then runs while the task does. It
+// returns when the task was thawed, recorded in the snapshot's source
+// (api.SnapshotSource.Thawed); zero if it was not. Any failure leaves the
+// task paused for the asker's own Resume.
+func (s *Service) thawBeforeRewrite(ctx context.Context, id string) time.Time {
 	if _, err := s.Resume(ctx, &taskAPI.ResumeRequest{ID: id}); err != nil {
 		log.G(ctx).WithError(err).WithField("id", id).Warn("lazyfork: thaw before rewrite")
-		return
+		return time.Time{}
 	}
-	thawedAt := time.Now().UTC().Format(time.RFC3339Nano)
+	thawedAt := time.Now().UTC()
 	s.mu.Lock()
 	s.thawed[id] = true
 	s.mu.Unlock()
-	if err := os.WriteFile(marker, []byte(thawedAt), 0o600); err != nil {
-		log.G(ctx).WithError(err).WithField("id", id).Warn("lazyfork: record thaw time")
-	}
+	return thawedAt
 }

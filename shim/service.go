@@ -29,6 +29,7 @@ import (
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
@@ -179,7 +180,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		state: containerState{
 			Namespace:    ns,
 			ID:           r.ID,
-			Madvise:      spec.Annotations[AnnotationMadvise],
+			Madvise:      spec.Annotations[api.AnnotationMadvise],
 			PodNamespace: spec.Annotations[annotationCRISandboxNamespace],
 			Forkable:     forkable(spec.Annotations),
 			Rehome:       spec.Annotations[AnnotationRehome],
@@ -197,7 +198,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		}
 	}()
 	if _, _, err := parseMadvise(c.state.Madvise); err != nil {
-		return nil, fmt.Errorf("annotation %s: %w", AnnotationMadvise, err)
+		return nil, fmt.Errorf("annotation %s: %w", api.AnnotationMadvise, err)
 	}
 	if v := c.state.Rehome; v != "" && v != "true" && v != "false" {
 		return nil, fmt.Errorf("annotation %s=%q: want true or false: %w", AnnotationRehome, v, errdefs.ErrInvalidArgument)
@@ -251,7 +252,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			return nil, err
 		}
 	}
-	if f := spec.Annotations[AnnotationFamily]; f != "" && f != c.state.Family {
+	if f := spec.Annotations[api.AnnotationFamily]; f != "" && f != c.state.Family {
 		log.G(ctx).WithFields(log.Fields{"id": r.ID, "annotation": f, "family": c.state.Family}).Warn("lazyfork: family annotation ignored")
 	}
 	if byAnnotation {
@@ -262,13 +263,13 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		case c.state.Unpacked != "" && filepath.IsAbs(ref):
 			applied, err := applyRootfsDiff(ctx, ref, mount.FromProto(r.Rootfs))
 			if err != nil {
-				return nil, fmt.Errorf("annotation %s: checkpoint archive %s: %w", AnnotationForkOf, ref, err)
+				return nil, fmt.Errorf("annotation %s: checkpoint archive %s: %w", api.AnnotationForkOf, ref, err)
 			}
 			log.G(ctx).WithFields(log.Fields{"id": r.ID, "rootfs_diff": applied}).Debug("lazyfork: fork-of archive")
 		case c.state.Unpacked == "":
 			copied, err := s.copySnapshotLayer(ctx, ns, r.Checkpoint, mount.FromProto(r.Rootfs))
 			if err != nil {
-				return nil, fmt.Errorf("annotation %s: snapshot %s: %w", AnnotationForkOf, r.Checkpoint, err)
+				return nil, fmt.Errorf("annotation %s: snapshot %s: %w", api.AnnotationForkOf, r.Checkpoint, err)
 			}
 			log.G(ctx).WithFields(log.Fields{"id": r.ID, "layer": copied}).Debug("lazyfork: fork-of snapshot")
 		}
@@ -331,9 +332,9 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 	}
 	if st.Unpacked != "" {
 		// A snapshot of a running parent holds its files as any kept snapshot.
-		holders = append(holders, memfile.HolderSnapshot+filepath.Join(st.Unpacked, "image"))
+		holders = append(holders, memfile.HolderSnapshot+api.ImageDir(st.Unpacked))
 		// Only ever a directory this shim made under ROOT/snapshots.
-		if filepath.Dir(st.Unpacked) == filepath.Join(cfg.Root, "snapshots") {
+		if filepath.Dir(st.Unpacked) == api.Root(cfg.Root).Snapshots() {
 			if err := os.RemoveAll(st.Unpacked); err != nil {
 				log.G(ctx).WithError(err).Warn("lazyfork: remove unpacked checkpoint")
 			}
@@ -373,7 +374,7 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 // store has removed the family with its last file and holder.
 func dropFamilyRecord(cfg Config, family string) {
 	if _, err := os.Lstat(filepath.Join(cfg.MemRoot(), family)); errors.Is(err, os.ErrNotExist) {
-		_ = os.Remove(FamilyRecordPath(cfg.Root, family))
+		_ = os.Remove(api.Root(cfg.Root).FamilyRecord(family))
 	}
 }
 
@@ -510,6 +511,10 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
+	lf, err := api.LazyForkCheckpointOptions(r.Options)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
 	if opts.GetOpenTcp() && os.Getenv("CRIU_CONFIG_FILE") == filepath.Join(s.cfg.Root, criuEnvConfigName) {
 		// Established connections need CRIU's network lock, which
 		// LazyFork's CRIU runs leave out (criuEnvConfig).
@@ -592,6 +597,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, withCRIULog(err, filepath.Join(ts.Bundle, "criu-dump.log"))
 	}
 	tDump := time.Since(t1)
+	var thawed time.Time
 	if !opts.GetExit() {
 		if !frozen {
 			ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), ropts.WipeOnFork)
@@ -599,8 +605,8 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		if detached {
 			sup.attach(ctx)
 		}
-		if frozen {
-			s.thawBeforeRewrite(ctx, r.ID, r.Path)
+		if frozen && lf.GetThawAfterDump() {
+			thawed = s.thawBeforeRewrite(ctx, r.ID)
 		}
 	}
 	tThawed := time.Since(t0)
@@ -619,8 +625,8 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	src := &snapshotSource{Namespace: st.Namespace, Container: st.ID, Family: st.Family,
-		PodNamespace: st.PodNamespace, Forkable: st.Forkable, Taken: time.Now().UTC()}
+	src := &api.SnapshotSource{Namespace: st.Namespace, Container: st.ID, Family: st.Family,
+		PodNamespace: st.PodNamespace, Forkable: st.Forkable, Taken: time.Now().UTC(), Thawed: thawed}
 	// The source record and the guard go into the staged image, so the
 	// snapshot appears with them or not at all; only restored copies carry
 	// the guard.

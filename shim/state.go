@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
-const stateFile = "lazyfork.json"
+// legacyStateFile is where shims before api.BundleStateFile kept the state (the
+// same name as a snapshot's record); bundles they made are still read.
+const legacyStateFile = "lazyfork.json"
 
 // containerState is what LazyFork knows about one container, kept in its bundle
 // so that the `delete` subcommand (run after a shim died) can release it.
@@ -52,12 +56,17 @@ func writeState(bundle string, st *containerState) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(bundle, stateFile), b, 0o600)
+	return writeFileAtomic(filepath.Join(bundle, api.BundleStateFile), b, 0o600)
 }
 
 // readState returns nil, nil when the bundle has no LazyFork state.
 func readState(bundle string) (*containerState, error) {
-	b, err := os.ReadFile(filepath.Join(bundle, stateFile))
+	name := api.BundleStateFile
+	b, err := os.ReadFile(filepath.Join(bundle, name))
+	if errors.Is(err, os.ErrNotExist) {
+		name = legacyStateFile
+		b, err = os.ReadFile(filepath.Join(bundle, name))
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -66,7 +75,7 @@ func readState(bundle string) (*containerState, error) {
 	}
 	var st containerState
 	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", stateFile, err)
+		return nil, fmt.Errorf("decode %s: %w", filepath.Join(bundle, name), err)
 	}
 	return &st, nil
 }

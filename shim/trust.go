@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -31,54 +32,25 @@ import (
 //   - A container sees at /.lazyfork/mem only the memory files its own memory
 //     maps (memfile views), never the rest of its family's.
 
-// sourceFile is the record, in a snapshot's image directory, of the container
-// the snapshot was taken of. It is written into the staged image, so a
-// snapshot has it from the moment it exists, and it travels inside a CRI
-// checkpoint archive with the rest of the image.
-const sourceFile = "lazyfork-source.json"
+// A snapshot's source record (api.SourceFile, api.SnapshotSource) says whom
+// it was taken of; authorizeRestore checks a fork-of against it.
 
-// snapshotSource is who a snapshot was taken of.
-type snapshotSource struct {
-	// Namespace is the containerd namespace of the container.
-	Namespace string `json:"namespace"`
-	// Container is its id.
-	Container string `json:"container"`
-	// Family is its family.
-	Family string `json:"family"`
-	// PodNamespace is its pod's Kubernetes namespace ("" outside CRI).
-	PodNamespace string `json:"podNamespace,omitempty"`
-	// Forkable is its lazyfork.io/forkable opt-in: pods may fork it.
-	Forkable bool      `json:"forkable,omitempty"`
-	Taken    time.Time `json:"taken"`
-}
-
-func writeSource(imageDir string, src *snapshotSource) error {
+func writeSource(imageDir string, src *api.SnapshotSource) error {
 	b, err := json.Marshal(src)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(imageDir, sourceFile), b, 0o600)
+	return writeFileAtomic(filepath.Join(imageDir, api.SourceFile), b, 0o600)
 }
 
 // readSource returns an error wrapping errdefs.ErrNotFound when the image has
 // no source record.
-func readSource(imageDir string) (*snapshotSource, error) {
-	b, err := os.ReadFile(filepath.Join(imageDir, sourceFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("snapshot %s records no source container: %w", imageDir, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return nil, err
-	}
-	var src snapshotSource
-	if err := json.Unmarshal(b, &src); err != nil {
-		return nil, fmt.Errorf("%s: %v: %w", filepath.Join(imageDir, sourceFile), err, errdefs.ErrDataLoss)
-	}
-	return &src, nil
+func readSource(imageDir string) (*api.SnapshotSource, error) {
+	return api.ReadSnapshotSource(imageDir)
 }
 
 // forkable reads a container's opt-in annotation.
-func forkable(ann map[string]string) bool { return ann[AnnotationForkable] == "true" }
+func forkable(ann map[string]string) bool { return ann[api.AnnotationForkable] == "true" }
 
 // authorizeRestore decides whether a container of namespace ns with the
 // given spec annotations may be restored from the snapshot at imageDir.
@@ -103,22 +75,22 @@ func authorizeRestore(store *memfile.Store, ns string, ann map[string]string, by
 	src, err := readSource(imageDir)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return fmt.Errorf("annotation %s: %v (take it again with this LazyFork): %w", AnnotationForkOf, err, errdefs.ErrPermissionDenied)
+			return fmt.Errorf("annotation %s: %v (take it again with this LazyFork): %w", api.AnnotationForkOf, err, errdefs.ErrPermissionDenied)
 		}
-		return fmt.Errorf("annotation %s: %w", AnnotationForkOf, err)
+		return fmt.Errorf("annotation %s: %w", api.AnnotationForkOf, err)
 	}
 	if src.Namespace != ns || src.Family != snap.Family {
 		return fmt.Errorf("annotation %s: snapshot %s was taken of %s/%s (family %s), not of this namespace %q: %w",
-			AnnotationForkOf, imageDir, src.Namespace, src.Container, src.Family, ns, errdefs.ErrPermissionDenied)
+			api.AnnotationForkOf, imageDir, src.Namespace, src.Container, src.Family, ns, errdefs.ErrPermissionDenied)
 	}
 	if podNS := ann[annotationCRISandboxNamespace]; podNS != "" {
 		if src.PodNamespace != podNS {
 			return fmt.Errorf("annotation %s: a pod of Kubernetes namespace %q cannot fork container %s of namespace %q: %w",
-				AnnotationForkOf, podNS, src.Container, src.PodNamespace, errdefs.ErrPermissionDenied)
+				api.AnnotationForkOf, podNS, src.Container, src.PodNamespace, errdefs.ErrPermissionDenied)
 		}
 		if !src.Forkable {
 			return fmt.Errorf("annotation %s: container %s did not opt in to forks by pods (annotation %s=true on its pod): %w",
-				AnnotationForkOf, src.Container, AnnotationForkable, errdefs.ErrPermissionDenied)
+				api.AnnotationForkOf, src.Container, api.AnnotationForkable, errdefs.ErrPermissionDenied)
 		}
 	}
 	return nil
@@ -131,18 +103,18 @@ func authorizeRestore(store *memfile.Store, ns string, ann map[string]string, by
 func (c Config) checkForkOfPath(ref string) error {
 	real, err := filepath.EvalSymlinks(ref)
 	if err != nil {
-		return fmt.Errorf("annotation %s: %w: %w", AnnotationForkOf, err, errdefs.ErrNotFound)
+		return fmt.Errorf("annotation %s: %w: %w", api.AnnotationForkOf, err, errdefs.ErrNotFound)
 	}
 	fi, err := os.Stat(real)
 	if err != nil {
-		return fmt.Errorf("annotation %s: %w: %w", AnnotationForkOf, err, errdefs.ErrNotFound)
+		return fmt.Errorf("annotation %s: %w: %w", api.AnnotationForkOf, err, errdefs.ErrNotFound)
 	}
 	if fi.IsDir() {
-		if within(real, filepath.Join(c.Root, "snapshots")) {
+		if within(real, api.Root(c.Root).Snapshots()) {
 			return nil
 		}
 		return fmt.Errorf("annotation %s=%q: a snapshot directory must be under %s: %w",
-			AnnotationForkOf, ref, filepath.Join(c.Root, "snapshots"), errdefs.ErrPermissionDenied)
+			api.AnnotationForkOf, ref, api.Root(c.Root).Snapshots(), errdefs.ErrPermissionDenied)
 	}
 	for _, d := range c.ArchiveDirs {
 		if dreal, err := filepath.EvalSymlinks(d); err == nil && within(real, dreal) {
@@ -150,7 +122,7 @@ func (c Config) checkForkOfPath(ref string) error {
 		}
 	}
 	return fmt.Errorf("annotation %s=%q: a checkpoint archive must be in one of %v (the shim's LAZYFORK_ARCHIVE_DIRS): %w",
-		AnnotationForkOf, ref, c.ArchiveDirs, errdefs.ErrPermissionDenied)
+		api.AnnotationForkOf, ref, c.ArchiveDirs, errdefs.ErrPermissionDenied)
 }
 
 // within reports whether path lies strictly inside dir (both clean, absolute).

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/shim"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	lfshim "github.com/lazyfork/lazyfork/shim"
 	_ "github.com/lazyfork/lazyfork/shim/plugin"
@@ -20,5 +21,5 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == lfshim.HookArg {
 		os.Exit(lfshim.RunHook(os.Args[2:]))
 	}
-	shim.RunShim(context.Background(), lfshim.NewManager(lfshim.RuntimeName))
+	shim.RunShim(context.Background(), lfshim.NewManager(api.RuntimeName))
 }

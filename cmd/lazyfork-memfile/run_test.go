@@ -11,7 +11,8 @@ import (
 	"github.com/lazyfork/lazyfork/internal/workloads"
 )
 
-// The whole loop on the built-in Go workload (the C one also checks FACTS #7,
+// The whole loop on the built-in Go workload (the C one also checks that
+// growing a converted VMA reads zeros, not a neighbour's bytes,
 // which the fidelity tests cover): two generations of two copies, each copy
 // checked by the workload itself.
 func TestRunBuiltinWorkload(t *testing.T) {

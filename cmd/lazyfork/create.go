@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/hook"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
@@ -115,9 +116,9 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return "", err
 	}
-	labels := map[string]string{client.LabelLog: logPath}
+	labels := map[string]string{api.LabelLog: logPath}
 	if name != "" {
-		labels[client.LabelName] = name
+		labels[api.LabelName] = name
 	}
 	specOpts := []oci.SpecOpts{oci.WithImageConfig(img)}
 	if len(cmd) > 0 {
@@ -130,7 +131,7 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 		if err := os.MkdirAll(filepath.Join(hookDir, id), 0o755); err != nil {
 			return "", fmt.Errorf("hook dir: %w", err)
 		}
-		labels[hook.Label] = hookDir
+		labels[api.LabelHook] = hookDir
 		specOpts = append(specOpts,
 			oci.WithMounts([]specs.Mount{{Destination: hook.ContainerDir, Type: "bind", Source: filepath.Join(hookDir, id), Options: []string{"rbind", "rw"}}}),
 			oci.WithEnv([]string{hook.EnvSocket + "=" + hook.ContainerDir + "/" + hook.SocketName}))
@@ -140,7 +141,7 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 		containerd.WithSnapshotter(sn),
 		containerd.WithNewSnapshot(id, img),
 		containerd.WithNewSpec(specOpts...),
-		containerd.WithRuntime(client.RuntimeName, nil),
+		containerd.WithRuntime(api.RuntimeName, nil),
 		containerd.WithContainerLabels(labels),
 	)
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
-	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/api"
 )
 
 func init() {
@@ -100,7 +100,7 @@ func (a *app) delete(id string, force bool) error {
 	}
 	var logPath string
 	if l, err := ctr.Labels(a.ctx); err == nil {
-		logPath = l[client.LabelLog]
+		logPath = l[api.LabelLog]
 	}
 	if err := a.lf.Delete(a.ctx, id); err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/client"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
@@ -136,10 +137,10 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 			for _, f := range res.Forks {
 				l := map[string]string{}
 				if !nerdctlParent {
-					l[client.LabelLog] = a.logPath(f.Container.ID())
+					l[api.LabelLog] = a.logPath(f.Container.ID())
 				}
 				if name != "" {
-					l[client.LabelName] = f.Container.ID()
+					l[api.LabelName] = f.Container.ID()
 				}
 				_, _ = f.Container.SetLabels(a.ctx, l)
 				fmt.Fprintln(a.out, f.Container.ID())

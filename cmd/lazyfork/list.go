@@ -15,7 +15,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
-	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -149,7 +149,7 @@ func (a *app) rows() ([]*row, error) {
 	byID := map[string]*row{}
 	for _, ctr := range ctrs {
 		if !a.g.allRuntimes {
-			if info, err := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata); err != nil || info.Runtime.Name != client.RuntimeName {
+			if info, err := ctr.Info(a.ctx, containerd.WithoutRefreshedMetadata); err != nil || info.Runtime.Name != api.RuntimeName {
 				continue // another runtime's: not ours to show (--all-runtimes)
 			}
 		}
@@ -193,9 +193,9 @@ func (a *app) row(ctr containerd.Container) (*row, error) {
 		return nil, err
 	}
 	r := &row{
-		ID: info.ID, Name: info.Labels[client.LabelName], Parent: info.Labels[client.LabelParent],
-		Family: info.Labels[client.LabelFamily], Image: info.Image, Runtime: info.Runtime.Name,
-		Snapshot: info.Labels[client.LabelStopped], Log: info.Labels[client.LabelLog],
+		ID: info.ID, Name: info.Labels[api.LabelName], Parent: info.Labels[api.LabelParent],
+		Family: info.Labels[api.LabelFamily], Image: info.Image, Runtime: info.Runtime.Name,
+		Snapshot: info.Labels[api.LabelStopped], Log: info.Labels[api.LabelLog],
 	}
 	if r.Family == "" {
 		r.Family = info.ID

@@ -21,7 +21,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 
-	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // nerdctl's labels on its containers.
@@ -78,7 +78,7 @@ func (a *app) logSource(ctr containerd.Container) (logSource, error) {
 	if err != nil {
 		return logSource{}, err
 	}
-	if p := labels[client.LabelLog]; p != "" {
+	if p := labels[api.LabelLog]; p != "" {
 		return logSource{path: p, kind: "file"}, nil
 	}
 	if dir := labels[labelNerdctlStateDir]; dir != "" {

@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/client"
 )
 
@@ -93,7 +94,7 @@ func defaultGlobals() globals {
 	return globals{
 		address:   envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"),
 		namespace: envOr("CONTAINERD_NAMESPACE", "default"),
-		root:      envOr("LAZYFORK_ROOT", client.DefaultRoot),
+		root:      envOr("LAZYFORK_ROOT", api.DefaultRoot),
 		logDir:    envOr("LAZYFORK_LOG_DIR", "/var/log/lazyfork/containers"),
 	}
 }
@@ -274,7 +275,7 @@ func (a *app) resolve(ref string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if info.Runtime.Name != client.RuntimeName {
+	if info.Runtime.Name != api.RuntimeName {
 		return "", notLazyFork(id, info.Runtime.Name)
 	}
 	return id, nil
@@ -283,7 +284,7 @@ func (a *app) resolve(ref string) (string, error) {
 // notLazyFork is the error for a container of another runtime.
 func notLazyFork(id, runtime string) error {
 	return fmt.Errorf("%s runs under runtime %s, not LazyFork's %s: lazyfork leaves it alone (use ctr or nerdctl, or pass --all-runtimes): %w",
-		id, orDash(runtime), client.RuntimeName, errdefs.ErrFailedPrecondition)
+		id, orDash(runtime), api.RuntimeName, errdefs.ErrFailedPrecondition)
 }
 
 // loadOne loads the container the one NAME a command takes names.

@@ -18,7 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
-	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/atomicfile"
 )
 
@@ -32,7 +32,7 @@ const (
 	dropInName = "lazyfork.toml"
 	// lazyforkAnnotations lets LazyFork's annotations through CRI to the shim:
 	// without them a pod annotated lazyfork.io/fork-of would start from scratch.
-	lazyforkAnnotations = "lazyfork.io/*"
+	lazyforkAnnotations = api.Prefix + "*"
 	// markerComment heads every file setup writes: --down removes only those.
 	markerComment = "Written by `lazyfork setup`; `lazyfork setup --down` removes it."
 	// criRuntimeV3 / criRuntimeV2 hold CRI's runtime handlers in config
@@ -328,7 +328,7 @@ func (a *app) planConfig(o setupOpts, private bool, version int) (*configPlan, e
 		}
 		d.Plugins = map[string]any{plugin: map[string]any{"containerd": map[string]any{"runtimes": map[string]any{
 			"lazyfork": runtimeTOML{
-				RuntimeType:          client.RuntimeName,
+				RuntimeType:          api.RuntimeName,
 				PodAnnotations:       []string{lazyforkAnnotations},
 				ContainerAnnotations: []string{lazyforkAnnotations},
 			}}}}}

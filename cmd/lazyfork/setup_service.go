@@ -19,7 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // How setup runs LazyFork's daemons. Where systemd is PID 1 (and the node's own
@@ -141,7 +141,7 @@ func readPidFile(path string) int {
 // whose LazyFork root is root: lazyfork/system for the default root,
 // lazyfork/stack-<hash of root> for a private one.
 func stackCgroup(root string) string {
-	if root == client.DefaultRoot {
+	if root == api.DefaultRoot {
 		return "lazyfork/system"
 	}
 	sum := sha256.Sum256([]byte(root))

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -68,9 +68,9 @@ func init() {
 			if r.PID != 0 {
 				s.RssAnon, s.RssShared = procRss(r.PID)
 			}
-			s.Snapshot = labels[client.LabelStopped]
+			s.Snapshot = labels[api.LabelStopped]
 			if s.Snapshot == "" {
-				s.Snapshot = labels[client.LabelSnapshot]
+				s.Snapshot = labels[api.LabelSnapshot]
 			}
 			if s.Snapshot != "" {
 				if info, err := memfile.ReadSnapshot(s.Snapshot); err == nil {
@@ -80,7 +80,7 @@ func init() {
 					s.Snapshot += " (removed)"
 				}
 			}
-			if ns, err := strconv.ParseInt(labels[client.LabelRestoreNS], 10, 64); err == nil {
+			if ns, err := strconv.ParseInt(labels[api.LabelRestoreNS], 10, 64); err == nil {
 				s.RestoreSec = time.Duration(ns).Seconds()
 			}
 			switch {

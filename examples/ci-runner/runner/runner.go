@@ -28,13 +28,12 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	lfclient "github.com/lazyfork/lazyfork/client"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 //go:embed warm.py
 var warmPy string
-
-// Runtime is LazyFork's runtime type.
-const Runtime = "io.containerd.lazyfork.v1"
 
 // Size is the warm-up work: the project's modules and functions per module,
 // and the rows of the test database.
@@ -111,7 +110,7 @@ func (r *Runner) create(ctx context.Context, id string, args []string) (containe
 	return r.Client.NewContainer(ctx, id,
 		containerd.WithImage(r.Image),
 		containerd.WithNewSnapshot(id, r.Image),
-		containerd.WithRuntime(Runtime, nil),
+		containerd.WithRuntime(api.RuntimeName, nil),
 		containerd.WithNewSpec(opts...),
 	)
 }

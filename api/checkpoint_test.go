@@ -1,0 +1,39 @@
+package api
+
+import (
+	"testing"
+
+	runcopts "github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/typeurl/v2"
+
+	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
+)
+
+// The options travel as runc's: containerd (which reads the image path from
+// them) and runc's shim see runc's options, LazyFork's shim sees its own.
+func TestCheckpointOptionsRideInRuncs(t *testing.T) {
+	a, err := MarshalCheckpointOptions(&runcopts.CheckpointOptions{ImagePath: "/run/lazyfork/snapshots/s/image", Exit: false},
+		&lazyforkv1.CheckpointOptions{ThawAfterDump: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := typeurl.UnmarshalAny(a)
+	if err != nil {
+		t.Fatalf("containerd cannot read the options: %v", err)
+	}
+	ro, ok := v.(*runcopts.CheckpointOptions)
+	if !ok || ro.ImagePath != "/run/lazyfork/snapshots/s/image" {
+		t.Fatalf("containerd reads %T %+v, want runc's options with the image path", v, v)
+	}
+	lf, err := LazyForkCheckpointOptions(a)
+	if err != nil || !lf.GetThawAfterDump() {
+		t.Fatalf("the shim reads %+v, %v; want thaw_after_dump", lf, err)
+	}
+	// ctr and nerdctl: runc's options alone; CRI: none.
+	plain, _ := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: "/x", Exit: true})
+	for _, in := range []typeurl.Any{plain, nil} {
+		if lf, err := LazyForkCheckpointOptions(in); err != nil || lf.GetThawAfterDump() {
+			t.Fatalf("plain options read as %+v, %v; want nothing asked", lf, err)
+		}
+	}
+}

@@ -1,0 +1,57 @@
+package api
+
+// RuntimeName is the containerd runtime type every LazyFork container runs
+// under: the shim binary containerd starts is containerd-shim-lazyfork-v1.
+const RuntimeName = "io.containerd.lazyfork.v1"
+
+// Prefix starts every LazyFork label and annotation key.
+const Prefix = "lazyfork.io/"
+
+// Labels LazyFork puts on the containerd containers it makes or reads.
+const (
+	LabelParent    = Prefix + "parent"     // id of the container forked
+	LabelFamily    = Prefix + "family"     // family: the root container and its forks
+	LabelSnapshot  = Prefix + "snapshot"   // LazyFork snapshot the task was restored from
+	LabelName      = Prefix + "name"       // the user's name for the container
+	LabelStopped   = Prefix + "stopped"    // snapshot kept by Stop (image directory)
+	LabelRestoreNS = Prefix + "restore-ns" // a fork's task create → running, in ns
+	LabelLog       = Prefix + "log"        // file the task's stdout and stderr go to
+	// LabelOp marks what one fork call made (its op id), so that Reconcile
+	// can find it after the call died.
+	LabelOp = Prefix + "op"
+	// LabelHook names the host directory of a container's runtime hook
+	// socket (hook package).
+	LabelHook = Prefix + "hook"
+)
+
+// Annotations in a container's OCI spec that the shim reads.
+const (
+	// AnnotationFamily in a fork's spec names its family, for the tools. The
+	// shim never takes a container's family from it: a fork's family is its
+	// snapshot's, a root starts its own.
+	AnnotationFamily = Prefix + "family"
+	// AnnotationShimGroup puts forks that carry the same value into one shim
+	// process, never their parent's (the client sets it per batch of forks:
+	// FAMILY-SNAPSHOT-K), so a dying shim takes down at most one batch.
+	AnnotationShimGroup = Prefix + "shim-group"
+	// AnnotationForkable is a container's (in Kubernetes: a pod's) opt-in to
+	// being forked by a pod through AnnotationForkOf; only pods of its own
+	// Kubernetes namespace may. "true" allows it.
+	AnnotationForkable = Prefix + "forkable"
+	// AnnotationMadvise chooses the madvise guard of a container's
+	// checkpoints: "refuse" (default), "zero" or "off" (memfile/madvguard).
+	AnnotationMadvise = Prefix + "madvise"
+	// AnnotationForkOf in a container's spec names a LazyFork snapshot
+	// directory, a checkpoint archive containerd wrote, or a running LazyFork
+	// container (its id, or NAMESPACE/POD/CONTAINER) the container is
+	// restored from instead of started fresh: a fork as a Kubernetes pod.
+	AnnotationForkOf = Prefix + "fork-of"
+	// AnnotationForkContainer limits AnnotationForkOf, set on a pod (CRI
+	// copies allowed pod annotations into every container of the pod), to
+	// the container of that name; the pod's sandbox (pause) container is
+	// never a fork.
+	AnnotationForkContainer = Prefix + "fork-container"
+	// AnnotationRehome "false" opts a container out of moving onto its
+	// memory files at each checkpoint.
+	AnnotationRehome = Prefix + "rehome"
+)
