@@ -19,18 +19,12 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	"github.com/lazyfork/lazyfork/memfile/rehome"
 )
-
-// AnnotationRehome opts a container out of moving onto its snapshot's
-// memory ("false"); by default a container's private memory moves onto a
-// memory file of its family at each checkpoint, so its heap is held once and
-// its next snapshot is a delta (docs/architecture.md, "The parent on its own
-// memory").
-const AnnotationRehome = "lazyfork.io/rehome"
 
 // rehomeResult is what a move did, for the log and the container's state.
 type rehomeResult struct {
@@ -338,7 +332,7 @@ func moveChunk(pid int) (uint64, error) {
 	}
 	if headroom < 2*minMoveChunk {
 		return 0, fmt.Errorf("the container is %d KiB under its memory limit of %d MiB; moving its memory onto a file needs %d MiB of headroom: raise the limit, or set %s=false: %w",
-			headroom>>10, limit>>20, 2*minMoveChunk>>20, AnnotationRehome, errdefs.ErrResourceExhausted)
+			headroom>>10, limit>>20, 2*minMoveChunk>>20, api.AnnotationRehome, errdefs.ErrResourceExhausted)
 	}
 	return min(maxMoveChunk, headroom/2) &^ 4095, nil
 }

@@ -183,7 +183,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			Madvise:      spec.Annotations[api.AnnotationMadvise],
 			PodNamespace: spec.Annotations[annotationCRISandboxNamespace],
 			Forkable:     forkable(spec.Annotations),
-			Rehome:       spec.Annotations[AnnotationRehome],
+			Rehome:       spec.Annotations[api.AnnotationRehome],
 		},
 	}
 	if spec.Linux != nil {
@@ -201,7 +201,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		return nil, fmt.Errorf("annotation %s: %w", api.AnnotationMadvise, err)
 	}
 	if v := c.state.Rehome; v != "" && v != "true" && v != "false" {
-		return nil, fmt.Errorf("annotation %s=%q: want true or false: %w", AnnotationRehome, v, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("annotation %s=%q: want true or false: %w", api.AnnotationRehome, v, errdefs.ErrInvalidArgument)
 	}
 	byAnnotation := false
 	if ref := forkOf(spec.Annotations); ref != "" && r.Checkpoint == "" {

@@ -22,12 +22,12 @@ import (
 	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/bench/internal/ctrbench"
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/integration/workloads"
 	"github.com/lazyfork/lazyfork/memfile"
-	"github.com/lazyfork/lazyfork/shim"
 )
 
 const (
@@ -35,7 +35,7 @@ const (
 	modeMoveRun = "move-run" // the same, the parent writing one run of consecutive pages between calls
 	modeOff     = "off"      // lazyfork.io/rehome=false: today's behaviour (spread writes)
 
-	lazyforkRuntime = "io.containerd.lazyfork.v1"
+	lazyforkRuntime = api.RuntimeName
 	pageSize        = 4096
 )
 
@@ -239,7 +239,7 @@ func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 	ctx = b.h.Context(ctx)
 	var ann map[string]string
 	if mode == modeOff {
-		ann = map[string]string{shim.AnnotationRehome: "false"}
+		ann = map[string]string{api.AnnotationRehome: "false"}
 	}
 	parent, err := b.start(ctx, b.id(fmt.Sprintf("%s%d", mode, heapMiB)), lazyforkRuntime, heapMiB, pattern(mode), ann)
 	var made []containerd.Container
