@@ -64,7 +64,7 @@ func main() {
 	forks := flag.Int("forks", 2, "forks per allocator and mode")
 	mib := flag.Int("mib", 64, "working set of the churn program")
 	threads := flag.Int("threads", 2, "churn threads")
-	out := flag.String("out", "bench/results", "directory for the CSVs and the plot")
+	out := flag.String("out", "results", "directory for the CSVs and the plot")
 	keep := flag.Bool("keep", false, "keep the work directory")
 	costsOnly := flag.Bool("costs-only", false, "only measure the madvise cost per call")
 	flag.Parse()

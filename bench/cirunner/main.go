@@ -4,7 +4,7 @@
 // container's memory. It prints a table and writes bench/results/cirunner.csv
 // and cirunner.png.
 //
-//	go run ./bench/cirunner [-jobs 5] [-tests 50] [-size default|small] [-out bench/results]
+//	cd bench && go run ./cirunner [-jobs 5] [-tests 50] [-size default|small] [-out results]
 //
 // Needs root, CRIU, containerd; builds the shim unless $LAZYFORK_BIN has it.
 package main

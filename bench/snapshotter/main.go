@@ -49,7 +49,7 @@ func main() {
 	sizesFlag := flag.String("sizes", "1MB,100MB,1GB", "parent upper layer sizes")
 	forks := flag.Int("forks", 10, "forks per size")
 	dir := flag.String("dir", "/var/tmp", "directory on the filesystem to measure (the snapshotter root's)")
-	out := flag.String("out", "bench/results", "directory for snapshotter.csv and snapshotter.png")
+	out := flag.String("out", "results", "directory for snapshotter.csv and snapshotter.png")
 	runs := flag.Int("runs", 3, "runs per size; the table shows medians (shared machines are noisy)")
 	xfs := flag.Bool("xfs", true, "also measure on a loop-mounted XFS with reflinks (needs mkfs.xfs)")
 	flag.Parse()
