@@ -43,6 +43,8 @@ type result struct {
 	DiskBytes   int64   // blocks of the forks' layers (frozen layer included), as du counts them
 	FSUsedDelta int64   // growth of the filesystem's used space: shared reflinked extents count once
 	ParentPause float64 // time the parent must stay frozen
+
+	runs []result // the runs this row is the median of (for the plot's error bars)
 }
 
 func main() {
@@ -503,6 +505,9 @@ func medians(runs [][]result) []result {
 		out[i].DiskBytes = int64(f(func(r result) float64 { return float64(r.DiskBytes) }))
 		out[i].FSUsedDelta = int64(f(func(r result) float64 { return float64(r.FSUsedDelta) }))
 		out[i].Runs = len(runs)
+		for _, r := range runs {
+			out[i].runs = append(out[i].runs, r[i])
+		}
 	}
 	return out
 }

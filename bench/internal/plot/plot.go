@@ -71,11 +71,16 @@ var Palette = []color.RGBA{
 
 const dpi = 96
 
+func init() {
+	// gonum's default is Liberation Serif; sans reads better on charts.
+	plot.DefaultFont.Variant = "Sans"
+}
+
 var (
 	panelW     = 6.5 * vg.Inch
 	panelH     = 4.6 * vg.Inch
 	titleH     = 0.55 * vg.Inch
-	legendLine = 0.24 * vg.Inch
+	legendLine = 0.2 * vg.Inch
 )
 
 // WritePNG renders the panels under a title and writes the PNG atomically.
@@ -179,10 +184,13 @@ func build(p Panel) (*plot.Plot, *plot.Legend, error) {
 	if p.LegendBelow {
 		l := plot.NewLegend()
 		l.Top, l.Left = true, true
+		l.Padding = vg.Points(2)
 		legend = &l
 	} else {
 		pl.Legend.Top, pl.Legend.Left = true, true
+		pl.Legend.Padding = vg.Points(2)
 	}
+	p = singleX(p)
 	var err error
 	if len(p.Categories) > 0 {
 		err = bars(pl, legend, p)
@@ -196,6 +204,44 @@ func build(p Panel) (*plot.Plot, *plot.Legend, error) {
 		return pl, legend, nil
 	}
 	return pl, nil, nil
+}
+
+// singleX turns a line chart whose points all share one X (a run at one
+// size) into bars in one category named after that X: lines of single dots
+// say nothing.
+func singleX(p Panel) Panel {
+	if len(p.Categories) > 0 {
+		return p
+	}
+	x, n := math.NaN(), 0
+	for _, s := range p.Series {
+		for _, pt := range points(p, s) {
+			if n > 0 && pt.x != x {
+				return p
+			}
+			x, n = pt.x, n+1
+		}
+	}
+	if n == 0 {
+		return p
+	}
+	label := p.XTickLabel
+	if label == nil {
+		label = Compact
+	}
+	q := p
+	q.Categories = []string{label(x)}
+	q.Series = nil
+	for _, s := range p.Series {
+		b := Series{Name: s.Name, Color: s.Color, Dashed: s.Dashed, Y: []float64{math.NaN()}}
+		if pts := points(p, s); len(pts) > 0 {
+			b.Y[0] = pts[0].y
+			b.Lo, b.Hi = []float64{pts[0].lo}, []float64{pts[0].hi}
+		}
+		q.Series = append(q.Series, b)
+	}
+	q.LogX, q.LogY, q.BarValues = false, false, true
+	return q
 }
 
 func lineStyle(s Series, i int) draw.LineStyle {
@@ -327,6 +373,10 @@ func bars(pl *plot.Plot, legend *plot.Legend, p Panel) error {
 			return err
 		}
 		b.Color = colorOf(s, i)
+		if s.Dashed { // a bar cannot be dashed: a lighter shade of its colour
+			c := colorOf(s, i)
+			b.Color = color.RGBA{R: c.R/2 + 128, G: c.G/2 + 128, B: c.B/2 + 128, A: 255}
+		}
 		b.LineStyle.Width = 0
 		b.Offset = barW * (vg.Length(k) - vg.Length(ns-1)/2)
 		pl.Add(b)
@@ -359,7 +409,7 @@ func bars(pl *plot.Plot, legend *plot.Legend, p Panel) error {
 				}
 				for j := range l.TextStyle {
 					l.TextStyle[j].XAlign = draw.XCenter
-					l.TextStyle[j].Font.Size = 9
+					l.TextStyle[j].Font = font.From(plot.DefaultFont, 10)
 				}
 				l.Offset = vg.Point{X: b.Offset, Y: vg.Points(7)}
 				pl.Add(l)
@@ -454,6 +504,8 @@ func Compact(v float64) string {
 		return strconv.FormatFloat(v/1e6, 'g', 3, 64) + "M"
 	case a >= 1e4:
 		return strconv.FormatFloat(v/1e3, 'g', 3, 64) + "k"
+	case a >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
 	default:
 		return strconv.FormatFloat(v, 'g', 3, 64)
 	}

@@ -69,9 +69,27 @@ func TestLogAxesFitTheData(t *testing.T) {
 }
 
 func TestCompact(t *testing.T) {
-	for v, want := range map[float64]string{0: "0", 2e-5: "2e-05", 0.25: "0.25", 250: "250", 12000: "12k", 3e6: "3M", 1.5e9: "1.5G"} {
+	for v, want := range map[float64]string{0: "0", 2e-5: "2e-05", 0.25: "0.25", 250: "250", 4020: "4020", 82.25: "82.2", 12000: "12k", 3e6: "3M", 1.5e9: "1.5G"} {
 		if got := Compact(v); got != want {
 			t.Errorf("Compact(%g) = %q, want %q", v, got, want)
 		}
+	}
+}
+
+// A run at one size draws bars, not lines of single dots.
+func TestSingleXBecomesBars(t *testing.T) {
+	p := singleX(Panel{LogX: true, LogY: true, XTickLabel: func(x float64) string { return Compact(x) + " MiB" }, Series: []Series{
+		{Name: "a", X: []float64{256}, Y: []float64{3}},
+		{Name: "b", X: []float64{256}, Y: []float64{5}, Lo: []float64{5}, Hi: []float64{9}},
+		{Name: "none", X: []float64{256}, Y: []float64{math.NaN()}},
+	}})
+	if len(p.Categories) != 1 || p.Categories[0] != "256 MiB" || p.LogY {
+		t.Fatalf("got %+v, want one linear category", p)
+	}
+	if got := withData(p); len(got) != 2 {
+		t.Errorf("series with data %v, want a and b", got)
+	}
+	if _, _, err := build(p); err != nil {
+		t.Fatal(err)
 	}
 }
