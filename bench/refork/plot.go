@@ -17,9 +17,9 @@ func writePlot(path string, cfg config, r *results) error {
 				color = i
 			}
 		}
-		name := fmt.Sprintf("%d MIB MOVE", heap)
+		name := fmt.Sprintf("%d MiB, move", heap)
 		if mode == modeOff {
-			name = fmt.Sprintf("%d MIB OPT-OUT", heap)
+			name = fmt.Sprintf("%d MiB, opt-out", heap)
 		}
 		s := plot.Series{Name: name, Color: plot.Palette[color%len(plot.Palette)], Dashed: mode == modeOff}
 		for _, c := range r.series(heap, mode) {
@@ -35,7 +35,7 @@ func writePlot(path string, cfg config, r *results) error {
 		ticks = append(ticks, float64(i))
 	}
 	panel := func(title string, logY bool, y func(call) float64) plot.Panel {
-		p := plot.Panel{Title: title, XLabel: "CALL", LogY: logY, XTicks: ticks, LegendBelow: true}
+		p := plot.Panel{Title: title, XLabel: "call", LogY: logY, XTicks: ticks, LegendBelow: true}
 		for _, h := range cfg.heaps {
 			for _, mode := range modes {
 				p.Series = append(p.Series, mk(h, mode, y))
@@ -43,7 +43,7 @@ func writePlot(path string, cfg config, r *results) error {
 		}
 		return p
 	}
-	return plot.WritePNG(path, "LAZYFORK: TEN SUCCESSIVE FORKS OF A RUNNING PARENT (1 MB WRITTEN BETWEEN CALLS)",
-		panel("PARENT PAUSED (MS)", true, func(c call) float64 { return c.paused.Seconds() * 1000 }),
-		panel("TMPFS ADDED BY THE CALL (MB)", true, func(c call) float64 { return float64(c.tmpfsAdded) / 1e6 }))
+	return plot.WritePNG(path, "LazyFork: ten successive forks of a running parent (1 MB written between calls)",
+		panel("Parent paused (ms)", true, func(c call) float64 { return c.paused.Seconds() * 1000 }),
+		panel("tmpfs added by the call (MB)", true, func(c call) float64 { return float64(c.tmpfsAdded) / 1e6 }))
 }
