@@ -144,4 +144,3 @@ func run(jobs, tests int, sizeName, out string) error {
 	fmt.Printf("wrote %s and %s\n", csvPath, pngPath)
 	return r.LazyFork.RemoveSnapshot(ctx, w.Snapshot)
 }
-
