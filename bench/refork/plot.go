@@ -2,26 +2,33 @@ package main
 
 import (
 	"fmt"
+	"image/color"
 
 	"github.com/lazyfork/lazyfork/bench/internal/plot"
 )
 
 // writePlot draws, against the call index, the parent's pause and the tmpfs
 // bytes each call added: one colour per heap size, solid for the parent that
-// moves onto its memory file, dashed for the opt-out.
+// moves onto its memory file (lighter when it writes one run of pages),
+// dashed for the opt-out.
 func writePlot(path string, cfg config, r *results) error {
 	mk := func(heap int, mode string, y func(call) float64) plot.Series {
-		color := 0
+		idx := 0
 		for i, h := range cfg.heaps {
 			if h == heap {
-				color = i
+				idx = i
 			}
 		}
-		name := fmt.Sprintf("%d MiB, move", heap)
-		if mode == modeOff {
+		c := plot.Palette[idx%len(plot.Palette)]
+		name := fmt.Sprintf("%d MiB, move (spread writes)", heap)
+		switch mode {
+		case modeMoveRun:
+			name = fmt.Sprintf("%d MiB, move (one run of pages)", heap)
+			c = color.RGBA{R: c.R/2 + 128, G: c.G/2 + 128, B: c.B/2 + 128, A: 255} // a lighter shade
+		case modeOff:
 			name = fmt.Sprintf("%d MiB, opt-out", heap)
 		}
-		s := plot.Series{Name: name, Color: plot.Palette[color%len(plot.Palette)], Dashed: mode == modeOff}
+		s := plot.Series{Name: name, Color: c, Dashed: mode == modeOff}
 		for _, c := range r.series(heap, mode) {
 			if c.index >= 1 {
 				s.X = append(s.X, float64(c.index))

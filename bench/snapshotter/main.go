@@ -4,7 +4,7 @@
 // 1 MB, 100 MB and 1 GB. It prints a table, writes
 // bench/results/snapshotter.csv and bench/results/snapshotter.png.
 //
-// Run as root from the repository root: `make bench-snapshotter`
+// Run as root: `make bench-snapshotter`
 // (flags: -sizes, -forks, -dir, -out).
 package main
 

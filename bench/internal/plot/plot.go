@@ -399,7 +399,11 @@ func bars(pl *plot.Plot, legend *plot.Legend, p Panel) error {
 		if p.BarValues {
 			var xyl plotter.XYLabels
 			for _, pt := range points(p, s) {
-				xyl.XYs = append(xyl.XYs, plotter.XY{X: pt.x, Y: pt.y})
+				y := pt.y
+				if finite(pt.hi) { // above the error bar
+					y = pt.hi
+				}
+				xyl.XYs = append(xyl.XYs, plotter.XY{X: pt.x, Y: y})
 				xyl.Labels = append(xyl.Labels, Compact(pt.y))
 			}
 			if len(xyl.Labels) > 0 {
