@@ -53,7 +53,7 @@ func writePlot(path string, rows []row) error {
 		series = append(series, ps)
 	}
 	return plot.WritePNG(path, "Allocators in memory-file forks", plot.Panel{
-		Title:      "RssAnon after churn: parent and mean fork per mode (bars: min..max over forks)",
+		Title:      "RssAnon after churn, mean fork per mode (bars: min..max)",
 		YLabel:     "MiB",
 		Categories: allocs,
 		Series:     series,

@@ -413,7 +413,7 @@ func bars(pl *plot.Plot, legend *plot.Legend, p Panel) error {
 				}
 				for j := range l.TextStyle {
 					l.TextStyle[j].XAlign = draw.XCenter
-					l.TextStyle[j].Font = font.From(plot.DefaultFont, 10)
+					l.TextStyle[j].Font = font.From(plot.DefaultFont, 8)
 				}
 				l.Offset = vg.Point{X: b.Offset, Y: vg.Points(7)}
 				pl.Add(l)
@@ -464,8 +464,8 @@ func constTicks(xs []float64, label func(float64) string) plot.Ticker {
 }
 
 // logTicks labels 1, 2 and 5 times the powers of ten inside the range (every
-// integer multiple when that leaves fewer than three), with minor ticks at
-// the other multiples.
+// integer multiple when that leaves fewer than three, linear ticks when even
+// that does), with minor ticks at the other multiples.
 func logTicks(label func(float64) string) plot.Ticker {
 	return plot.TickerFunc(func(lo, hi float64) []plot.Tick {
 		var ts []plot.Tick
@@ -489,10 +489,11 @@ func logTicks(label func(float64) string) plot.Ticker {
 				}
 			}
 			if labelled >= 3 {
-				break
+				return ts
 			}
 		}
-		return ts
+		// Less than a decade or so: linear ticks read better.
+		return relabel(plot.DefaultTicks{}, label).Ticks(lo, hi)
 	})
 }
 

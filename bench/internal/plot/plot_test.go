@@ -93,3 +93,16 @@ func TestSingleXBecomesBars(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A log axis over less than a decade still gets several labels.
+func TestLogTicksNarrowRange(t *testing.T) {
+	n := 0
+	for _, tk := range logTicks(Compact).Ticks(104, 237) {
+		if tk.Label != "" {
+			n++
+		}
+	}
+	if n < 3 {
+		t.Errorf("%d labels on 104..237, want at least 3", n)
+	}
+}
