@@ -44,8 +44,11 @@ func plotSeries(rs []result) []plot.Series {
 
 func writePlot(path string, rs []result) error {
 	var sizes []float64
-	runs := 0
+	runs, bars := 0, ""
 	for _, r := range rs {
+		if len(r.runs) > 1 {
+			bars = "; bars: min..max"
+		}
 		if !slices.Contains(sizes, float64(r.SizeBytes)) {
 			sizes = append(sizes, float64(r.SizeBytes))
 		}
@@ -53,7 +56,7 @@ func writePlot(path string, rs []result) error {
 	}
 	slices.Sort(sizes)
 	return plot.WritePNG(path, "Fork rootfs cost vs the parent's upper layer size", plot.Panel{
-		Title:  fmt.Sprintf("Time (median of %d runs; bars: min..max)", runs),
+		Title:  fmt.Sprintf("Time (median of %d runs%s)", runs, bars),
 		XLabel: "parent upper layer",
 		YLabel: "seconds",
 		LogX:   true, LogY: true, LegendBelow: true,
