@@ -52,11 +52,13 @@ deps: ## install the stack (CRIU 4.1.1, containerd 2.4.2, runc, nerdctl, CNI), i
 images: ## build the cached test images (busybox, python) as OCI archives
 	bash scripts/images.sh
 
-test: ## unit tests; no root needed (real-stack tests skip)
+test: ## unit tests; no root needed (real-stack tests skip); bench/ is its own module
 	$(GO) test $(GOTESTFLAGS) ./...
+	$(GO) -C bench test $(GOTESTFLAGS) ./...
 
 integration: build ## every test, including those needing root, CRIU and a real containerd
 	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
+	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) -C bench test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
 
 check: deps images lint integration ## what CI runs: install what is missing, then every test
 
@@ -64,28 +66,28 @@ demo: deps images build ## the main job: a private stack, a running container fo
 	bash scripts/demo.sh
 
 bench-baseline: ## plain runc checkpoint/restore of a 256 MB python container
-	$(GO) run ./bench/baseline
+	$(GO) -C bench run ./baseline
 
 bench-memfile: ## memfile restore vs plain CRIU restore, 64 MiB..2 GiB heaps
-	$(GO) run ./bench/memfile
+	$(GO) -C bench run ./memfile -out $(CURDIR)/bench/results
 
 bench-fork: build ## LazyFork fork vs plain restore through containerd
-	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/fork
+	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) -C bench run ./fork
 
 bench-fork-100: build ## 100 forks of a 256 MiB python container at once (no plain copies: 100 x 278 MB)
-	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/fork -heaps 256 -forks 100 -plain-many-max 0 -out $(CURDIR)/bench/results/fork100
+	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) -C bench run ./fork -heaps 256 -forks 100 -plain-many-max 0 -out $(CURDIR)/bench/results/fork100
 
 bench-refork: build ## ten successive forks of a running parent, moving onto its memory file vs opt-out (64 MiB..1 GiB)
-	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/refork
+	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) -C bench run ./refork
 
 bench-snapshotter: ## fork rootfs preparation vs per-fork copy of the upper layer
-	$(GO) run ./bench/snapshotter
+	$(GO) -C bench run ./snapshotter -out $(CURDIR)/bench/results
 
 bench-cirunner: build ## CI jobs: cold container vs LazyFork fork (time to first test output, memory)
-	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) run ./bench/cirunner
+	LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) -C bench run ./cirunner
 
 bench-allocators: ## glibc, jemalloc, mimalloc in forks: failures, memory, madvise cost per guard mode
-	$(GO) run ./bench/allocators
+	$(GO) -C bench run ./allocators -out $(CURDIR)/bench/results
 
 bench-rewrite: ## memfile rewrite throughput vs cp, restore vs plain CRIU (go test benchmarks)
 	LAZYFORK_INTEGRATION=1 $(GO) test -run '^$$' -bench 'Rewrite|Restore' -benchtime 5x ./memfile
@@ -99,9 +101,10 @@ proto: ## regenerate proto/ stubs
 proto-check: ## fail if the generated proto code is stale
 	bash proto/check.sh
 
-lint: ## gofmt and go vet
+lint: ## gofmt and go vet (of both modules: the repository and bench/)
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) -C bench vet ./...
 
 clean: ## remove build outputs
 	rm -rf $(BINDIR)

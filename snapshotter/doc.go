@@ -1,27 +1,35 @@
-// Package snapshotter is LazyFork's overlay snapshotter: containerd's snapshot
-// API over overlayfs, plus frozen layers for forks.
+// Package snapshotter is LazyFork's snapshotter: containerd's overlay
+// snapshotter (github.com/containerd/containerd/v2/plugins/snapshots/overlay,
+// the version in go.mod) plus frozen layers for forks.
+//
+// Every snapshot call goes to the overlay snapshotter except a freeze's
+// Prepare and Commit (FreezeSourceLabel), which wrap it; both run on one
+// bbolt metadata store, passed with overlay.WithMetaStore, through which a
+// freeze reads records and checks its preconditions inside the overlay's own
+// write transactions (withTxCheck). Around the overlay snapshotter LazyFork
+// adds a flock on the root (a second process fails fast instead of waiting
+// on bbolt), a reconcile on start, and Status.
 //
 // # Layout
 //
-// Everything lives under one root directory:
+// The overlay snapshotter's, under one root directory:
 //
-//	root/metadata.db        bbolt, through containerd's core/snapshots/storage
-//	root/snapshots/<id>/fs   a snapshot's layer (the upper dir while active)
-//	root/snapshots/<id>/work overlay's work dir (active snapshots only)
-//	root/snapshots/new-*     directories being built; renamed to <id> inside
-//	                         the metadata transaction that records them
+//	root/metadata.db             bbolt, through containerd's core/snapshots/storage
+//	root/snapshots/<id>/fs       a snapshot's layer (the upper dir while active)
+//	root/snapshots/<id>/work     overlay's work dir (active snapshots only)
+//	root/snapshots/new-*         directories being built, inside the overlay's
+//	                             transaction that records them
+//	root/snapshots/<id>/fs.pre   a freeze's first-pass copy, renamed over fs
+//	root/snapshots/<id>/fs.sync  a freeze's second pass, exchanged with fs
 //
 // A directory is removed only after the transaction that forgot it has
 // committed, and Cleanup (also run on start) removes every directory the
 // metadata does not know, so a crash at any point leaves either a record with
-// its directory or a leftover directory that the next start removes.
-//
-// A directory being built is never an orphan: its new-* name is reserved in
-// memory before its mkdir and released only once it is renamed or removed,
-// and the sweeps (Cleanup, and Remove's unless removals are deferred) skip
-// reserved names. A freeze fills its directory outside any transaction while
-// other calls, removals included, carry on. A crashed process's reservations
-// died with it, so the start-up Cleanup removes its new-* leftovers.
+// its directory or a leftover directory that the next start removes. A
+// freeze copies outside any transaction, while other calls, removals
+// included, carry on, but only inside the directory of its own recorded
+// snapshot, which no sweep touches; the start removes the fs.pre and fs.sync
+// a crash left there, and the layer itself is always whole.
 //
 // # Frozen layers
 //

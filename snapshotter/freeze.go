@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
 	"github.com/containerd/errdefs"
@@ -78,7 +80,7 @@ func findNamespacedKey(ctx context.Context, newKey, source string) (string, erro
 		found string
 		best  uint64
 	)
-	err := walkInfo(ctx, func(ctx context.Context, info snapshots.Info) error {
+	err := storage.WalkInfo(ctx, func(ctx context.Context, info snapshots.Info) error {
 		if info.Kind != snapshots.KindActive {
 			return nil
 		}
@@ -132,17 +134,96 @@ func (s *Snapshotter) Freeze(ctx context.Context, activeKey, frozenName string, 
 // between the passes would defeat that; then pass 2 copies everything.
 const (
 	freezeProbe = "freeze-probe"
+	preDirName  = "fs.pre"
 	syncDirName = "fs.sync"
 )
 
-func (s *Snapshotter) precopy(ctx context.Context, td, sourceID string) error {
-	p, err := probeTime(filepath.Join(td, freezeProbe))
+// freezeSource reads FreezeSourceLabel from a Prepare's or View's options.
+func freezeSource(opts []snapshots.Opt) (source string, ok bool, err error) {
+	var base snapshots.Info
+	for _, o := range opts {
+		if err := o(&base); err != nil {
+			return "", false, err
+		}
+	}
+	source, ok = base.Labels[FreezeSourceLabel]
+	return source, ok, nil
+}
+
+// prepareFreeze is pass 1. The overlay snapshotter records the snapshot
+// (with an empty layer, in the transaction that checks the source is still
+// there); the copy then runs outside any transaction, other calls carrying
+// on, into fs.pre beside that layer, which replaces the empty one only once
+// it is whole. A snapshot directory is owned by its record, so no sweep
+// touches the copy. After a crash mid-copy the layer is still empty (the
+// next start removes fs.pre) and a Commit would copy everything in pass 2.
+func (s *Snapshotter) prepareFreeze(ctx context.Context, key, parent, source string, opts []snapshots.Opt) (_ []mount.Mount, err error) {
+	s.freezes.RLock()
+	defer s.freezes.RUnlock()
+	sourceKey, sourceID, err := s.resolveFreezeSource(ctx, key, source, parent)
+	if err != nil {
+		return nil, err
+	}
+	sameSource := func(ctx context.Context) error {
+		id, _, _, err := storage.GetInfo(ctx, sourceKey)
+		if err != nil || id != sourceID {
+			return fmt.Errorf("freeze source %q went away during the copy: %w", source, errdefs.ErrNotFound)
+		}
+		return nil
+	}
+	mounts, err := s.overlaySnapshotter.Prepare(withTxCheck(ctx, sameSource), key, parent, opts...)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		// A fresh context: the caller's may be what failed.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if rerr := s.overlaySnapshotter.Remove(rctx, key); rerr != nil {
+			log.G(ctx).WithError(rerr).WithField("key", key).Warn("failed to remove the snapshot of a failed freeze")
+		}
+	}()
+	id, _, err := s.info(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	s.building.Add(1)
+	defer s.building.Add(-1)
+	if err := s.precopy(ctx, s.snapshotDir(id), sourceID); err != nil {
+		return nil, fmt.Errorf("freeze %q into %q: %w", source, key, err)
+	}
+	// The source may have been removed while we copied.
+	if err := s.ms.WithTransaction(ctx, false, sameSource); err != nil {
+		return nil, err
+	}
+	return mounts, nil
+}
+
+// testHookPrecopy is called as a freeze's first pass starts copying into dir.
+var testHookPrecopy = func(dir string) {}
+
+func (s *Snapshotter) precopy(ctx context.Context, dir, sourceID string) error {
+	pre := filepath.Join(dir, preDirName)
+	if err := os.Mkdir(pre, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(pre) // gone already once it is the layer
+	p, err := probeTime(filepath.Join(dir, freezeProbe))
 	if err != nil {
 		return err
 	}
-	st, err := CopyLayer(ctx, filepath.Join(td, "fs"), s.upperPath(sourceID), withLive())
+	testHookPrecopy(dir)
+	st, err := CopyLayer(ctx, pre, s.upperPath(sourceID), withLive())
 	if err != nil {
 		return err
+	}
+	// Replaces the empty layer the overlay snapshotter made (rename(2)
+	// replaces an empty directory; os.Rename refuses to).
+	if err := unix.Rename(pre, filepath.Join(dir, "fs")); err != nil {
+		return &os.LinkError{Op: "rename", Old: pre, New: filepath.Join(dir, "fs"), Err: err}
 	}
 	log.G(ctx).WithField("files", st.Files).WithField("bytes", st.Bytes).WithField("reflinked", st.Reflinked).
 		WithField("vanished", st.Vanished).WithField("duration", st.Duration).WithField("probe", p).Debug("freeze: first pass")
@@ -168,7 +249,7 @@ func (s *Snapshotter) syncFreeze(ctx context.Context, key, id, source, parent st
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(s.snapshotsDir(), id)
+	dir := s.snapshotDir(id)
 	syncDir := filepath.Join(dir, syncDirName)
 	if err := os.RemoveAll(syncDir); err != nil {
 		return err
@@ -207,11 +288,13 @@ func (s *Snapshotter) syncFreeze(ctx context.Context, key, id, source, parent st
 	return nil
 }
 
-// removeStaleSyncs drops second-pass directories a crash left behind (the
-// snapshot's fs is always whole: it is swapped in by RENAME_EXCHANGE).
-func (s *Snapshotter) removeStaleSyncs(ctx context.Context) {
-	matches, _ := filepath.Glob(filepath.Join(s.snapshotsDir(), "*", syncDirName))
-	for _, m := range matches {
+// removeStaleFreezeDirs drops the copies a crash left behind in either pass
+// (the snapshot's fs is always whole: pass 1 renames its copy in, pass 2
+// swaps it in by RENAME_EXCHANGE).
+func (s *Snapshotter) removeStaleFreezeDirs(ctx context.Context) {
+	pre, _ := filepath.Glob(filepath.Join(s.snapshotsDir(), "*", preDirName))
+	sync, _ := filepath.Glob(filepath.Join(s.snapshotsDir(), "*", syncDirName))
+	for _, m := range append(pre, sync...) {
 		if err := os.RemoveAll(m); err != nil {
 			log.G(ctx).WithError(err).WithField("path", m).Warn("failed to remove stale freeze sync dir")
 		}

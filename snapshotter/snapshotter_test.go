@@ -120,9 +120,21 @@ func assertNoStrayDirs(t *testing.T, s *Snapshotter) {
 	t.Helper()
 	ctx := context.Background()
 	var orphans []string
-	if err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
-		orphans, err = s.orphanDirs(ctx)
-		return err
+	if err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		ids, err := storage.IDMap(ctx)
+		if err != nil {
+			return err
+		}
+		entries, err := os.ReadDir(s.snapshotsDir())
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if _, ok := ids[e.Name()]; !ok {
+				orphans = append(orphans, e.Name())
+			}
+		}
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}

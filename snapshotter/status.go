@@ -20,7 +20,7 @@ import (
 func (s *Snapshotter) Status(ctx context.Context) (*lazyforkv1.StatusResponse, error) {
 	st := &lazyforkv1.StatusResponse{Root: s.root, Reflink: s.reflink()}
 	if err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
-		return walkInfo(ctx, func(ctx context.Context, info snapshots.Info) error {
+		return storage.WalkInfo(ctx, func(ctx context.Context, info snapshots.Info) error {
 			switch info.Kind {
 			case snapshots.KindActive:
 				st.Active++
@@ -45,13 +45,7 @@ func (s *Snapshotter) Status(ctx context.Context) (*lazyforkv1.StatusResponse, e
 		return nil, err
 	}
 	st.Missing = missing
-	s.mu.Lock()
-	for _, freeze := range s.building {
-		if freeze {
-			st.Building++
-		}
-	}
-	s.mu.Unlock()
+	st.Building = uint64(s.building.Load())
 	return st, nil
 }
 

@@ -59,10 +59,10 @@ func frozenHolds(ctx context.Context, s *Snapshotter, key string, files map[stri
 	return nil
 }
 
-// A freeze copies into its new-* directory outside any transaction. Remove's
-// orphan sweep and Cleanup, run by another caller at the moment that
-// directory has just been created, must leave it alone (issue 19: forks
-// failed with "no such file or directory" when they did not).
+// A freeze copies into its snapshot's directory outside any transaction.
+// Remove's orphan sweep and Cleanup, run by another caller while it copies,
+// must leave it alone (issue 19: forks failed with "no such file or
+// directory" when they did not).
 func TestSweepSparesFreezeInConstruction(t *testing.T) {
 	ctx, s := newTestSnapshotter(t)
 	files := freezeSetup(t, ctx, s, "parent")
@@ -74,9 +74,9 @@ func TestSweepSparesFreezeInConstruction(t *testing.T) {
 		once  sync.Once
 		swept bool
 	)
-	testHookNewDir = func(td string) {
-		// Only the freeze's directory: it is made outside a transaction,
-		// so another caller may take the write lock here.
+	testHookPrecopy = func(td string) {
+		// Outside a transaction, so another caller may take the write
+		// lock here.
 		once.Do(func() {
 			swept = true
 			if err := s.Remove(ctx, "victim"); err != nil {
@@ -90,13 +90,13 @@ func TestSweepSparesFreezeInConstruction(t *testing.T) {
 			}
 		})
 	}
-	t.Cleanup(func() { testHookNewDir = func(string) {} })
+	t.Cleanup(func() { testHookPrecopy = func(string) {} })
 
 	if _, err := s.Freeze(ctx, "parent", "frozen"); err != nil {
 		t.Fatalf("freeze with a concurrent remove and cleanup: %v", err)
 	}
 	if !swept {
-		t.Fatal("the hook never ran: the freeze made no new directory")
+		t.Fatal("the hook never ran: the freeze copied nothing")
 	}
 	checkFrozen(t, ctx, s, "frozen", files)
 	if exists(victimDir) {

@@ -154,3 +154,29 @@ func TestTwoPassFreeze(t *testing.T) {
 	}
 	assertNoStrayDirs(t, s)
 }
+
+// A crash in the first pass, just before its copy replaced the empty layer,
+// leaves the freeze's snapshot with an empty layer, the probe and fs.pre.
+// The next start removes fs.pre, and the Commit copies everything.
+func TestFreezeAfterCrashInFirstPass(t *testing.T) {
+	ctx, s := newTestSnapshotter(t)
+	files := freezeSetup(t, ctx, s, "ctr")
+	if _, err := s.Prepare(ctx, "frz-tmp", "base", snapshots.WithLabels(map[string]string{FreezeSourceLabel: "ctr"})); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(s.upperPath(mustID(t, s, ctx, "frz-tmp")))
+	must(t, os.Rename(filepath.Join(dir, "fs"), filepath.Join(dir, preDirName)))
+	must(t, os.Mkdir(filepath.Join(dir, "fs"), 0o755))
+	root := s.Root()
+	must(t, s.Close())
+
+	s, err := New(ctx, root)
+	must(t, err)
+	t.Cleanup(func() { s.Close() })
+	if exists(filepath.Join(dir, preDirName)) {
+		t.Errorf("the start left the first pass's partial copy %s", filepath.Join(dir, preDirName))
+	}
+	must(t, s.Commit(ctx, "frozen", "frz-tmp"))
+	checkFrozen(t, ctx, s, "frozen", files)
+	assertNoStrayDirs(t, s)
+}

@@ -9,7 +9,7 @@
 // bench/results/allocators.csv, bench/results/allocators-madvise.csv and
 // bench/results/allocators.png.
 //
-// Run as root from the repository root: `make bench-allocators`
+// Run as root: `make bench-allocators`
 // (flags: -watch, -forks, -mib, -threads, -out).
 package main
 
@@ -31,6 +31,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/allocators"
 	"github.com/lazyfork/lazyfork/bench/internal/report"
+	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
@@ -64,7 +65,7 @@ func main() {
 	forks := flag.Int("forks", 2, "forks per allocator and mode")
 	mib := flag.Int("mib", 64, "working set of the churn program")
 	threads := flag.Int("threads", 2, "churn threads")
-	out := flag.String("out", "bench/results", "directory for the CSVs and the plot")
+	out := flag.String("out", "results", "directory for the CSVs and the plot")
 	keep := flag.Bool("keep", false, "keep the work directory")
 	costsOnly := flag.Bool("costs-only", false, "only measure the madvise cost per call")
 	flag.Parse()
@@ -224,8 +225,13 @@ func measureCosts(ctx context.Context, store *memfile.Store, work string) ([]cos
 	dir := filepath.Join(work, "probe")
 	os.MkdirAll(dir, 0o755)
 	bin := filepath.Join(dir, "probe")
-	if out, err := exec.CommandContext(ctx, "gcc", "-O2", "-Wall", "-pthread", "-o", bin, "memfile/madvguard/testdata/probe.c").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("gcc probe.c (run from the repository root): %w: %s", err, out)
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	probe := filepath.Join(repo, "memfile", "madvguard", "testdata", "probe.c")
+	if out, err := exec.CommandContext(ctx, "gcc", "-O2", "-Wall", "-pthread", "-o", bin, probe).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("gcc %s: %w: %s", probe, err, out)
 	}
 	pout := filepath.Join(dir, "parent.out")
 	w, err := criurun.Start([]string{bin}, criurun.StartOptions{Stdout: pout, Dir: dir})

@@ -12,7 +12,7 @@
 // With -runs R the checkpoint and both restores are repeated R times on the same
 // parent and the table shows medians (the CSV has every run). Every copy is
 // checked: it continues counting after the checkpoint and its heap verifies.
-// Run as root: `make bench-baseline` (go run ./bench/baseline).
+// Run as root: `make bench-baseline` (cd bench && go run ./baseline).
 package main
 
 import (

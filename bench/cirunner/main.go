@@ -4,7 +4,7 @@
 // container's memory. It prints a table and writes bench/results/cirunner.csv
 // and cirunner.png.
 //
-//	go run ./bench/cirunner [-jobs 5] [-tests 50] [-size default|small] [-out bench/results]
+//	cd bench && go run ./cirunner [-jobs 5] [-tests 50] [-size default|small] [-out results]
 //
 // Needs root, CRIU, containerd; builds the shim unless $LAZYFORK_BIN has it.
 package main
@@ -128,12 +128,16 @@ func run(jobs, tests int, sizeName, out string) error {
 	if err := t.WriteCSV(csvPath); err != nil {
 		return err
 	}
-	cats := []string{"cold container", "lazyfork fork"}
-	if err := plot.WritePNG(pngPath, "CI job: cold container vs LazyFork fork (medians)",
-		plot.Panel{Title: "time to first test output", YLabel: "s", Categories: cats, BarValues: true,
-			Series: []plot.Series{{Name: "median", Y: []float64{report.Median(coldFirst), report.Median(forkFirst)}}}},
-		plot.Panel{Title: "memory of the job container", YLabel: "MB", Categories: cats, BarValues: true,
-			Series: []plot.Series{{Name: "median", Y: []float64{report.Median(coldMem), report.Median(forkMem)}}}},
+	cats := []string{"cold container", "LazyFork fork"}
+	medianSpread := func(cold, fork []float64) plot.Series {
+		return plot.Series{Name: "median (bars: min..max)", Y: []float64{report.Median(cold), report.Median(fork)},
+			Lo: []float64{report.Min(cold), report.Min(fork)}, Hi: []float64{report.Max(cold), report.Max(fork)}}
+	}
+	if err := plot.WritePNG(pngPath, fmt.Sprintf("CI job: cold container vs LazyFork fork (%d jobs each)", len(coldFirst)),
+		plot.Panel{Title: "Time to first test output", YLabel: "s", Categories: cats, BarValues: true,
+			Series: []plot.Series{medianSpread(coldFirst, forkFirst)}},
+		plot.Panel{Title: "Memory of the job container", YLabel: "MB", Categories: cats, BarValues: true,
+			Series: []plot.Series{medianSpread(coldMem, forkMem)}},
 	); err != nil {
 		return err
 	}

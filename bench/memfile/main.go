@@ -79,7 +79,7 @@ func main() {
 	flag.DurationVar(&c.settle, "settle", 2*time.Second, "run the workload this long before the dump")
 	flag.DurationVar(&c.activity, "activity", 5*time.Second, "how long copies run before the second memory reading")
 	flag.IntVar(&c.plainMultiMB, "plain-multi-max", 256, "largest heap (MiB) for which plain CRIU restores all copies at once (each copy holds the whole heap)")
-	flag.StringVar(&c.out, "out", "bench/results", "directory for memfile.csv and memfile.png")
+	flag.StringVar(&c.out, "out", "results", "directory for memfile.csv and memfile.png")
 	flag.StringVar(&c.work, "work", "", "work directory (images, tmpfs); default: a temporary directory")
 	flag.Parse()
 	for _, h := range strings.Split(heaps, ",") {

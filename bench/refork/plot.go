@@ -2,26 +2,33 @@ package main
 
 import (
 	"fmt"
+	"image/color"
 
 	"github.com/lazyfork/lazyfork/bench/internal/plot"
 )
 
 // writePlot draws, against the call index, the parent's pause and the tmpfs
 // bytes each call added: one colour per heap size, solid for the parent that
-// moves onto its memory file, dashed for the opt-out.
+// moves onto its memory file (lighter when it writes one run of pages),
+// dashed for the opt-out.
 func writePlot(path string, cfg config, r *results) error {
 	mk := func(heap int, mode string, y func(call) float64) plot.Series {
-		color := 0
+		idx := 0
 		for i, h := range cfg.heaps {
 			if h == heap {
-				color = i
+				idx = i
 			}
 		}
-		name := fmt.Sprintf("%d MIB MOVE", heap)
-		if mode == modeOff {
-			name = fmt.Sprintf("%d MIB OPT-OUT", heap)
+		c := plot.Palette[idx%len(plot.Palette)]
+		name := fmt.Sprintf("%d MiB, move (spread writes)", heap)
+		switch mode {
+		case modeMoveRun:
+			name = fmt.Sprintf("%d MiB, move (one run of pages)", heap)
+			c = color.RGBA{R: c.R/2 + 128, G: c.G/2 + 128, B: c.B/2 + 128, A: 255} // a lighter shade
+		case modeOff:
+			name = fmt.Sprintf("%d MiB, opt-out", heap)
 		}
-		s := plot.Series{Name: name, Color: plot.Palette[color%len(plot.Palette)], Dashed: mode == modeOff}
+		s := plot.Series{Name: name, Color: c, Dashed: mode == modeOff}
 		for _, c := range r.series(heap, mode) {
 			if c.index >= 1 {
 				s.X = append(s.X, float64(c.index))
@@ -35,7 +42,7 @@ func writePlot(path string, cfg config, r *results) error {
 		ticks = append(ticks, float64(i))
 	}
 	panel := func(title string, logY bool, y func(call) float64) plot.Panel {
-		p := plot.Panel{Title: title, XLabel: "CALL", LogY: logY, XTicks: ticks, LegendBelow: true}
+		p := plot.Panel{Title: title, XLabel: "call", LogY: logY, XTicks: ticks, LegendBelow: true}
 		for _, h := range cfg.heaps {
 			for _, mode := range modes {
 				p.Series = append(p.Series, mk(h, mode, y))
@@ -43,7 +50,7 @@ func writePlot(path string, cfg config, r *results) error {
 		}
 		return p
 	}
-	return plot.WritePNG(path, "LAZYFORK: TEN SUCCESSIVE FORKS OF A RUNNING PARENT (1 MB WRITTEN BETWEEN CALLS)",
-		panel("PARENT PAUSED (MS)", true, func(c call) float64 { return c.paused.Seconds() * 1000 }),
-		panel("TMPFS ADDED BY THE CALL (MB)", true, func(c call) float64 { return float64(c.tmpfsAdded) / 1e6 }))
+	return plot.WritePNG(path, "LazyFork: ten successive forks of a running parent (1 MB written between calls)",
+		panel("Parent paused (ms)", true, func(c call) float64 { return c.paused.Seconds() * 1000 }),
+		panel("tmpfs added by the call (MB)", true, func(c call) float64 { return float64(c.tmpfsAdded) / 1e6 }))
 }

@@ -4,7 +4,7 @@
 // 1 MB, 100 MB and 1 GB. It prints a table, writes
 // bench/results/snapshotter.csv and bench/results/snapshotter.png.
 //
-// Run as root from the repository root: `make bench-snapshotter`
+// Run as root: `make bench-snapshotter`
 // (flags: -sizes, -forks, -dir, -out).
 package main
 
@@ -43,13 +43,15 @@ type result struct {
 	DiskBytes   int64   // blocks of the forks' layers (frozen layer included), as du counts them
 	FSUsedDelta int64   // growth of the filesystem's used space: shared reflinked extents count once
 	ParentPause float64 // time the parent must stay frozen
+
+	runs []result // the runs this row is the median of (for the plot's error bars)
 }
 
 func main() {
 	sizesFlag := flag.String("sizes", "1MB,100MB,1GB", "parent upper layer sizes")
 	forks := flag.Int("forks", 10, "forks per size")
 	dir := flag.String("dir", "/var/tmp", "directory on the filesystem to measure (the snapshotter root's)")
-	out := flag.String("out", "bench/results", "directory for snapshotter.csv and snapshotter.png")
+	out := flag.String("out", "results", "directory for snapshotter.csv and snapshotter.png")
 	runs := flag.Int("runs", 3, "runs per size; the table shows medians (shared machines are noisy)")
 	xfs := flag.Bool("xfs", true, "also measure on a loop-mounted XFS with reflinks (needs mkfs.xfs)")
 	flag.Parse()
@@ -503,6 +505,9 @@ func medians(runs [][]result) []result {
 		out[i].DiskBytes = int64(f(func(r result) float64 { return float64(r.DiskBytes) }))
 		out[i].FSUsedDelta = int64(f(func(r result) float64 { return float64(r.FSUsedDelta) }))
 		out[i].Runs = len(runs)
+		for _, r := range runs {
+			out[i].runs = append(out[i].runs, r[i])
+		}
 	}
 	return out
 }

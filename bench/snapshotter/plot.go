@@ -1,11 +1,16 @@
 package main
 
 import (
+	"fmt"
+	"math"
+	"slices"
+
 	"github.com/lazyfork/lazyfork/bench/internal/plot"
 )
 
 // plotSeries picks the lines of the plot out of the results: time per fork
-// against the parent's upper layer size, per filesystem and method.
+// against the parent's upper layer size, per filesystem and method, each
+// point the median of the runs with their minimum and maximum as error bar.
 func plotSeries(rs []result) []plot.Series {
 	pick := func(name string, color int, fs, method string, y func(result) float64) plot.Series {
 		s := plot.Series{Name: name, Color: plot.Palette[color]}
@@ -13,6 +18,14 @@ func plotSeries(rs []result) []plot.Series {
 			if r.FS == fs && r.Method == method {
 				s.X = append(s.X, float64(r.SizeBytes))
 				s.Y = append(s.Y, y(r))
+				lo, hi := math.NaN(), math.NaN()
+				if len(r.runs) > 1 {
+					lo, hi = math.Inf(1), math.Inf(-1)
+					for _, run := range r.runs {
+						lo, hi = min(lo, y(run)), max(hi, y(run))
+					}
+				}
+				s.Lo, s.Hi = append(s.Lo, lo), append(s.Hi, hi)
 			}
 		}
 		return s
@@ -20,27 +33,34 @@ func plotSeries(rs []result) []plot.Series {
 	perFork := func(r result) float64 { return r.PerForkSec }
 	pause := func(r result) float64 { return r.ParentPause }
 	prep := func(r result) float64 { return r.PrepareSec }
-	out := []plot.Series{
-		pick("EXT4 COPY PER FORK", 1, "ext4", "copy-per-fork", perFork),
-		pick("EXT4 FROZEN LAYER, TOTAL PER FORK", 0, "ext4", "frozen-layer", perFork),
-		pick("EXT4 FROZEN LAYER, PARENT PAUSE", 2, "ext4", "frozen-layer", pause),
-		pick("EXT4 PREPARE ON FROZEN LAYER", 4, "ext4", "frozen-layer", prep),
-		pick("XFS FROZEN LAYER, TOTAL PER FORK", 3, "xfs", "frozen-layer", perFork),
+	return []plot.Series{
+		pick("ext4: copy per fork", 1, "ext4", "copy-per-fork", perFork),
+		pick("ext4: frozen layer, total per fork", 0, "ext4", "frozen-layer", perFork),
+		pick("ext4: frozen layer, parent pause", 2, "ext4", "frozen-layer", pause),
+		pick("ext4: prepare on the frozen layer", 4, "ext4", "frozen-layer", prep),
+		pick("xfs: frozen layer, total per fork", 3, "xfs", "frozen-layer", perFork),
 	}
-	var keep []plot.Series
-	for _, s := range out {
-		if len(s.X) > 0 {
-			keep = append(keep, s)
-		}
-	}
-	return keep
 }
 
 func writePlot(path string, rs []result) error {
-	return plot.WritePNG(path, "FORK ROOTFS COST VS PARENT UPPER LAYER SIZE (LOG-LOG)", plot.Panel{
-		Title:  "TIME (S)",
-		XLabel: "PARENT UPPER LAYER",
+	var sizes []float64
+	runs, bars := 0, ""
+	for _, r := range rs {
+		if len(r.runs) > 1 {
+			bars = "; bars: min..max"
+		}
+		if !slices.Contains(sizes, float64(r.SizeBytes)) {
+			sizes = append(sizes, float64(r.SizeBytes))
+		}
+		runs = max(runs, r.Runs)
+	}
+	slices.Sort(sizes)
+	return plot.WritePNG(path, "Fork rootfs cost vs the parent's upper layer size", plot.Panel{
+		Title:  fmt.Sprintf("Time (median of %d runs%s)", runs, bars),
+		XLabel: "parent upper layer",
+		YLabel: "seconds",
 		LogX:   true, LogY: true, LegendBelow: true,
+		XTicks:     sizes,
 		XTickLabel: func(x float64) string { return human(int64(x)) },
 		Series:     plotSeries(rs),
 	})

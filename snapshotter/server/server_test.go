@@ -169,7 +169,7 @@ func TestStopCancelsFreeze(t *testing.T) {
 	}()
 	snapDir := filepath.Join(cfg.Root, "snapshots")
 	for {
-		if m, _ := filepath.Glob(filepath.Join(snapDir, "new-*", "fs", "big")); len(m) > 0 {
+		if m, _ := filepath.Glob(filepath.Join(snapDir, "*", "fs.pre", "big")); len(m) > 0 {
 			break
 		}
 		select {
@@ -183,7 +183,7 @@ func TestStopCancelsFreeze(t *testing.T) {
 	if err := <-errc; err == nil {
 		t.Fatal("a freeze cancelled by Stop(false) succeeded")
 	}
-	if m, _ := filepath.Glob(filepath.Join(snapDir, "new-*")); len(m) > 0 {
+	if m, _ := filepath.Glob(filepath.Join(snapDir, "*", "fs.pre")); len(m) > 0 {
 		t.Errorf("partial copies left after Stop: %v", m)
 	}
 	<-served

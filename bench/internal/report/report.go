@@ -153,7 +153,7 @@ func (m Measurements) Table() *Table {
 // MB formats bytes as decimal megabytes with one decimal.
 func MB(b int64) string { return strconv.FormatFloat(float64(b)/1e6, 'f', 1, 64) + " MB" }
 
-// Number is what Median and Max take: durations, byte counts, float figures.
+// Number is what Median, Min and Max take: durations, byte counts, float figures.
 type Number interface{ ~int64 | ~float64 }
 
 // Median of vs (0 for none); the mean of the two middle values for an even
@@ -175,6 +175,17 @@ func Max[T Number](vs []T) T {
 	var m T
 	for i, v := range vs {
 		if i == 0 || v > m {
+			m = v
+		}
+	}
+	return m
+}
+
+// Min of vs (0 for none).
+func Min[T Number](vs []T) T {
+	var m T
+	for i, v := range vs {
+		if i == 0 || v < m {
 			m = v
 		}
 	}

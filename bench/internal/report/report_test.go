@@ -50,4 +50,7 @@ func TestMedianMax(t *testing.T) {
 	if m := Max([]int64{-5, -2, -9}); m != -2 {
 		t.Errorf("max %v", m)
 	}
+	if m := Min([]float64{5, 2, 9}); m != 2 {
+		t.Errorf("min %v", m)
+	}
 }
