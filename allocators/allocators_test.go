@@ -38,6 +38,7 @@ func TestParseStatus(t *testing.T) {
 
 func TestMain(m *testing.M) {
 	madvguard.MaybeServe() // supervisors run as re-executions of the test binary
+	allocators.MaybeServeMove()
 	os.Exit(m.Run())
 }
 
@@ -73,8 +74,9 @@ func TestAllocatorsInForks(t *testing.T) {
 		opts allocators.RunOptions
 	}
 	var runs []run
-	add := func(name string, cfg allocators.Config, mode *madvguard.Mode, forks int, fof bool) {
-		prep, err := allocators.MemfilePrepare(store, fmt.Sprintf("t%d-%s", os.Getpid(), strings.ReplaceAll(name, "/", "-")), mode)
+	add := func(name string, cfg allocators.Config, mode *madvguard.Mode, forks int, fof bool) *allocators.RunOptions {
+		family := fmt.Sprintf("t%d-%s", os.Getpid(), strings.ReplaceAll(name, "/", "-"))
+		prep, err := allocators.MemfilePrepare(store, family, mode)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,10 +86,16 @@ func TestAllocatorsInForks(t *testing.T) {
 			Watch: 30 * time.Second, ForkOfFork: fof, WatchGrandchild: 10 * time.Second,
 			Threads: 2, MiB: 32, YieldUs: 1000, Supervise: mode != nil && *mode == zero,
 		}})
+		return &runs[len(runs)-1].opts
 	}
 	for _, cfg := range allocators.Configs {
 		add(cfg.Name+"/refuse", cfg, &refuse, 3, true)
 		add(cfg.Name+"/zero", cfg, &zero, 3, true)
+		// The parent moved onto a memory file first, as a LazyFork
+		// container at its first snapshot (zero mode keeps the old path:
+		// its supervisor traces the task), then dumped as a delta.
+		o := add(cfg.Name+"/refuse-moved", cfg, &refuse, 3, true)
+		o.Move = allocators.MovePrepare(store, fmt.Sprintf("t%d-%s-refuse-moved", os.Getpid(), cfg.Name), refuse)
 	}
 	add("jemalloc/unguarded", allocators.Configs[1], nil, 1, false)
 
@@ -117,7 +125,7 @@ func TestAllocatorsInForks(t *testing.T) {
 				t.Error(err)
 			}
 			for _, c := range results[i].Copies {
-				if c.Role != "parent" && c.Filters < 1 {
+				if (c.Role != "parent" || r.opts.Move != nil) && c.Filters < 1 {
 					t.Errorf("%s: Seccomp_filters=%d, the guard is missing", c.Role, c.Filters)
 				}
 				if r.opts.Supervise && c.Role != "parent" && c.Sup == nil {

@@ -2,9 +2,11 @@ package allocators
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -13,6 +15,7 @@ import (
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
+	"github.com/lazyfork/lazyfork/memfile/rehome"
 )
 
 // Prepare turns a fresh dump into the image forks restore from (the memfile
@@ -24,12 +27,17 @@ type Prepare func(ctx context.Context, imageDir string, gen int) error
 // for Watch, then (if ForkOfFork) a copy of the first copy watched for
 // WatchGrandchild.
 type RunOptions struct {
-	Config          Config
-	Bins            map[string]string
-	Dir             string // work directory (created)
-	Prepare         Prepare
-	Forks           int
-	Warmup          time.Duration // churn before the dump
+	Config  Config
+	Bins    map[string]string
+	Dir     string // work directory (created)
+	Prepare Prepare
+	Forks   int
+	Warmup  time.Duration // churn before the dump
+	// Move, if set, is run on the running original after Warmup (e.g.
+	// MovePrepare: its memory moves onto a memory file in place, as a
+	// LazyFork container's at its first snapshot); it then churns another
+	// Warmup on that memory before the dump.
+	Move            func(ctx context.Context, pid int) error
 	Watch           time.Duration
 	ForkOfFork      bool
 	WatchGrandchild time.Duration
@@ -98,6 +106,12 @@ func Run(ctx context.Context, o RunOptions) (*Result, error) {
 		return res, err
 	}
 	sleep(ctx, o.Warmup)
+	if o.Move != nil {
+		if err := o.Move(ctx, w.PID); err != nil {
+			return res, fmt.Errorf("move: %w", err)
+		}
+		sleep(ctx, o.Warmup)
+	}
 
 	img := filepath.Join(o.Dir, "img")
 	if _, err := criurun.Dump(ctx, w.PID, img, criurun.DumpOptions{}); err != nil {
@@ -231,6 +245,106 @@ func MemfilePrepare(store *memfile.Store, family string, mode *madvguard.Mode) (
 		_, err := store.Rewrite(ctx, dir, opts)
 		return err
 	}, nil
+}
+
+// MovePrepare moves a running process's private memory onto a new memory
+// file of family in place, as the shim does with a container at its
+// snapshot (memfile/rehome: seize, plan, copy and map, guard what moved in
+// mode, detach); the file is mapped at its host path. The move runs in a
+// re-execution of this binary (which must call MaybeServeMove first thing):
+// the caller started the process and its exec.Cmd waits for it, and that
+// wait would take the ptrace stops meant for the tracer.
+func MovePrepare(store *memfile.Store, family string, mode madvguard.Mode) func(ctx context.Context, pid int) error {
+	return func(ctx context.Context, pid int) (retErr error) {
+		famDir, err := store.FamilyDir(family)
+		if err != nil {
+			return err
+		}
+		pf, err := store.CreateFile(family)
+		if err != nil {
+			return err
+		}
+		if err := pf.Publish(fmt.Sprintf("moved:allocators/%d/%s", pid, pf.Name())); err != nil {
+			pf.Abort()
+			return err
+		}
+		defer func() { retErr = errors.Join(retErr, pf.Seal()) }()
+		req, err := json.Marshal(moveRequest{PID: pid, File: pf.Path(), MemDir: famDir, Mode: int(mode)})
+		if err != nil {
+			return err
+		}
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cmd := exec.CommandContext(ctx, self)
+		cmd.Env = append(os.Environ(), moveEnv+"="+string(req))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("move of %d: %w: %s", pid, err, out)
+		}
+		return nil
+	}
+}
+
+const moveEnv = "LAZYFORK_ALLOCATORS_MOVE"
+
+type moveRequest struct {
+	PID    int    `json:"pid"`
+	File   string `json:"file"`
+	MemDir string `json:"memDir"`
+	Mode   int    `json:"mode"`
+}
+
+// MaybeServeMove is MovePrepare's helper: in a process started by it, it
+// moves and exits; otherwise it returns at once.
+func MaybeServeMove() {
+	v := os.Getenv(moveEnv)
+	if v == "" {
+		return
+	}
+	var req moveRequest
+	err := json.Unmarshal([]byte(v), &req)
+	if err == nil {
+		err = move(req)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func move(req moveRequest) (retErr error) {
+	f, err := os.OpenFile(req.File, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tr, err := rehome.Seize("", req.PID)
+	if err != nil {
+		return err
+	}
+	defer func() { retErr = errors.Join(retErr, tr.Detach()) }()
+	vmas, err := rehome.PlanWith(req.PID, rehome.PlanOptions{MemDir: req.MemDir})
+	if err != nil {
+		return err
+	}
+	done, _, err := tr.MoveFile(req.PID, f, req.File, vmas, 0)
+	if err != nil {
+		return err
+	}
+	if len(done) == 0 {
+		return fmt.Errorf("process %d: nothing moved (%d VMAs planned)", req.PID, len(vmas))
+	}
+	ranges := make([]madvguard.Range, len(done))
+	for i, v := range done {
+		ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
+	}
+	prog, err := madvguard.Program(ranges, madvguard.Mode(req.Mode))
+	if err != nil {
+		return err
+	}
+	return tr.InstallFilter(req.PID, prog)
 }
 
 func seccompFilters(pid int) int {
