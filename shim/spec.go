@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -113,9 +114,10 @@ func ensureOvercommitFile(familyDir, value string) error {
 const AnnotationCRIUConfig = "org.criu.config"
 
 // withCRIUConfig points runc at LazyFork's CRIU configuration unless the spec
-// names one already.
+// names one already that is not LazyFork's (a fork's spec is its parent's,
+// with the parent's LazyFork configuration, which may differ).
 func withCRIUConfig(s *specs.Spec, path string) {
-	if _, ok := s.Annotations[AnnotationCRIUConfig]; ok {
+	if cur, ok := s.Annotations[AnnotationCRIUConfig]; ok && !isOurCRIUConfig(cur, filepath.Dir(path)) {
 		return
 	}
 	if s.Annotations == nil {
@@ -124,10 +126,23 @@ func withCRIUConfig(s *specs.Spec, path string) {
 	s.Annotations[AnnotationCRIUConfig] = path
 }
 
+// isOurCRIUConfig reports whether path is a configuration ensureCRIUConfig
+// wrote into dir.
+func isOurCRIUConfig(path, dir string) bool {
+	base := filepath.Base(path)
+	return filepath.Dir(path) == dir && strings.HasPrefix(base, "criu-v") && strings.HasSuffix(base, ".conf")
+}
+
 // ensureCRIUConfig writes LazyFork's CRIU configuration file (once; its content
-// only depends on the verbosity, which is in its name).
-func ensureCRIUConfig(dir, verbosity string) (string, error) {
-	p := filepath.Join(dir, "criu-v"+verbosity+".conf")
+// only depends on the verbosity and freezeOnResume, which are in its name).
+// freezeOnResume (a restore of a zero-mode snapshot) adds
+// freezeOnResumeScript as CRIU's action script.
+func ensureCRIUConfig(dir, verbosity string, freezeOnResume bool) (string, error) {
+	name := "criu-v" + verbosity
+	if freezeOnResume {
+		name += "-freeze1"
+	}
+	p := filepath.Join(dir, name+".conf")
 	if _, err := os.Stat(p); err == nil {
 		return p, nil
 	}
@@ -136,6 +151,14 @@ func ensureCRIUConfig(dir, verbosity string) (string, error) {
 		"verbosity=" + verbosity + "\n"
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
+	}
+	if freezeOnResume {
+		script := filepath.Join(dir, "criu-freeze-on-resume1.sh")
+		if err := writeFileAtomic(script, []byte(freezeOnResumeScript), 0o755); err != nil {
+			return "", err
+		}
+		conf += "# A zero-mode madvise guard: frozen until its supervisor attaches.\n" +
+			"action-script " + script + "\n"
 	}
 	return p, writeFileAtomic(p, []byte(conf), 0o644)
 }
