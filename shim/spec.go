@@ -134,11 +134,13 @@ func isOurCRIUConfig(path, dir string) bool {
 }
 
 // ensureCRIUConfig writes LazyFork's CRIU configuration file (once; its content
-// only depends on the verbosity and freezeOnResume, which are in its name).
-// freezeOnResume (a restore of a zero-mode snapshot) adds
-// freezeOnResumeScript as CRIU's action script.
+// only depends on the verbosity and freezeOnResume, which are in its name):
+// the log level, file locks dumped and restored (CRIU refuses to dump a
+// process holding one otherwise), and for freezeOnResume
+// (a restore of a zero-mode snapshot) freezeOnResumeScript as CRIU's action
+// script.
 func ensureCRIUConfig(dir, verbosity string, freezeOnResume bool) (string, error) {
-	name := "criu-v" + verbosity
+	name := "criu-v" + verbosity + "-locks"
 	if freezeOnResume {
 		name += "-freeze1"
 	}
@@ -148,7 +150,10 @@ func ensureCRIUConfig(dir, verbosity string, freezeOnResume bool) (string, error
 	}
 	conf := "# LazyFork: CRIU restores inside the fork's memory cgroup; a debug log\n" +
 		"# there is page cache charged to every fork. Errors are still logged.\n" +
-		"verbosity=" + verbosity + "\n"
+		"verbosity=" + verbosity + "\n" +
+		"# A process holding file locks (SQLite, flock users) is dumped with them;\n" +
+		"# each copy takes them again on its own copy of the files.\n" +
+		"file-locks\n"
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
