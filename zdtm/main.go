@@ -17,7 +17,10 @@
 // memory it replaced).
 //
 // Tests run in zdtm.py's host flavour ('h'): the test daemon lives in the
-// host's namespaces and its dump is restored in place once it is gone.
+// host's namespaces and its dump is restored in place once it is gone. So a
+// test can change the host: tests.list leaves out those that do (cgroup
+// hierarchies, firewall rules, security policies); zdtm.py's namespace
+// flavours are not run.
 // Output: a CSV (test,plain,rewritten,fork2,detail) and a summary on stdout;
 // the exit status is 1 when a test that passes plain fails another way.
 //
@@ -33,12 +36,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -48,6 +53,9 @@ import (
 )
 
 var modes = []string{"plain", "rewritten", "fork2"}
+
+// current is the root pid of the test running now (for a signal to kill).
+var current atomic.Int64
 
 type config struct {
 	src, work, list, out string
@@ -96,6 +104,17 @@ func mainErr(c config) (int, error) {
 	if err := criurun.BecomeSubreaper(); err != nil {
 		return 0, err
 	}
+	// Interrupted: the running test's tree goes too.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM)
+	go func() {
+		s := <-sigs
+		if pid := int(current.Load()); pid > 0 {
+			killTree(pid)
+		}
+		fmt.Fprintf(os.Stderr, "zdtm: %v: stopped\n", s)
+		os.Exit(130)
+	}()
 	static, built, err := build(c, tests)
 	if err != nil {
 		return 0, err
@@ -278,7 +297,12 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 	if err != nil {
 		return "start", err.Error()
 	}
+	current.Store(int64(pid))
+	defer current.Store(0)
 	defer killTree(pid)
+	// The test daemon is ready; its children may still be settling (closing
+	// what they inherited): the state is taken a moment later.
+	time.Sleep(200 * time.Millisecond)
 	before, err := visible(pid, "")
 	if err != nil {
 		return "start", err.Error()
@@ -305,6 +329,7 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 			return "restore", logError(err)
 		}
 		cur = res.PID
+		current.Store(int64(cur))
 		defer killTree(cur)
 	}
 	after, err := visible(cur, r.loop.MapDir)
