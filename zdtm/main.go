@@ -44,6 +44,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -289,7 +290,15 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 		os.RemoveAll(filepath.Join(r.static, t+suffix))
 	}
 	defer reapOrphans()
-	start := exec.CommandContext(ctx, "make", "-s", "-C", r.static, t+".pid")
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	start := exec.CommandContext(sctx, "make", "-s", "-C", r.static, t+".pid")
+	// A test whose daemon dies before it is ready leaves its first process
+	// waiting for ever, holding make's output: the timeout kills the whole
+	// process group, and the wait gives up on the pipe.
+	start.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	start.Cancel = func() error { return syscall.Kill(-start.Process.Pid, syscall.SIGKILL) }
+	start.WaitDelay = 5 * time.Second
 	if out, err := start.CombinedOutput(); err != nil {
 		return "start", fmt.Sprintf("%v: %s", err, oneLine(tail(string(out)+r.outFile(t), 3)))
 	}
