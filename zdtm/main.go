@@ -283,11 +283,13 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 	if !r.c.keep {
 		defer os.RemoveAll(runDir)
 	}
-	for _, ext := range []string{".pid", ".out", ".out.inprogress"} {
-		os.Remove(filepath.Join(r.static, t+ext))
-	}
-	for _, suffix := range []string{".test", ".dir.test"} {
-		os.RemoveAll(filepath.Join(r.static, t+suffix))
+	// What an earlier run left: pid and output files (some tests keep more,
+	// e.g. <t>.out.external, and refuse to start if it exists), test files.
+	for _, pat := range []string{".pid*", ".out*", ".test", ".dir.test", ".*.test"} {
+		old, _ := filepath.Glob(filepath.Join(r.static, t+pat))
+		for _, p := range old {
+			os.RemoveAll(p)
+		}
 	}
 	defer reapOrphans()
 	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
