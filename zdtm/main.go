@@ -285,7 +285,7 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 	}
 	// What an earlier run left: pid and output files (some tests keep more,
 	// e.g. <t>.out.external, and refuse to start if it exists), test files.
-	for _, pat := range []string{".pid*", ".out*", ".test", ".dir.test", ".*.test"} {
+	for _, pat := range []string{".pid*", ".out*", ".test*", ".*.test*"} {
 		old, _ := filepath.Glob(filepath.Join(r.static, t+pat))
 		for _, p := range old {
 			os.RemoveAll(p)
