@@ -7,6 +7,9 @@ BINDIR    := bin
 GOTESTFLAGS ?=
 # Root/real-stack tests share containerd, CRIU and cgroups: run packages one at a time.
 INTEGRATION_FLAGS ?= -p 1 -count=1 -timeout 75m
+# make zdtm: the test list, and more flags of ./zdtm (-run REGEXP, -keep, -out FILE)
+ZDTM_LIST ?= zdtm/tests.list
+ZDTM_FLAGS ?=
 
 COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-memfile
 
@@ -14,7 +17,7 @@ export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
 .PHONY: all help build install uninstall deps images test integration check demo \
 	bench-baseline bench-memfile bench-fork bench-fork-100 bench-refork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity \
-	proto proto-check lint clean
+	proto proto-check lint clean zdtm
 
 all: build
 
@@ -91,6 +94,9 @@ bench-allocators: ## glibc, jemalloc, mimalloc in forks: failures, memory, madvi
 
 bench-rewrite: ## memfile rewrite throughput vs cp, restore vs plain CRIU (go test benchmarks)
 	LAZYFORK_INTEGRATION=1 $(GO) test -run '^$$' -bench 'Rewrite|Restore' -benchtime 5x ./memfile
+
+zdtm: ## CRIU's zdtm static tests three ways (plain, rewritten, fork of a fork): CSV + summary; root (ZDTM_LIST=zdtm/ci.list: the CI subset)
+	$(GO) run ./zdtm -list $(ZDTM_LIST) $(ZDTM_FLAGS)
 
 fidelity: ## real-CRIU fidelity tests of the memfile rewrite on plain process trees (root)
 	LAZYFORK_INTEGRATION=1 $(GO) test -count=1 -timeout 30m ./fidelity/

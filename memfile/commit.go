@@ -57,10 +57,22 @@ func (rw *rewriter) stage(ctx context.Context) error {
 			}
 		}
 	}
-	if err := rw.splitCOWIDs(); err != nil {
+	var memInfo os.FileInfo
+	var memEntry *fdinfo.FileEntry
+	if rw.mem != nil {
+		var err error
+		if memInfo, err = rw.mem.Stat(); err != nil {
+			return err
+		}
+		if len(rw.regions) > 0 {
+			memEntry = rw.regFile(rw.regions[0].regID, memInfo, uint32(memInfo.Mode().Perm())|unix.S_IFREG)
+		}
+	}
+	if err := rw.splitCOWIDs(memEntry); err != nil {
 		return err
 	}
-	rewritten := map[string]bool{criuimg.FilesPath(rw.imageDir): true, filepath.Join(rw.imageDir, SnapshotFile): true}
+	rewritten := map[string]bool{criuimg.FilesPath(rw.imageDir): true, filepath.Join(rw.imageDir, SnapshotFile): true,
+		filepath.Join(rw.imageDir, premapDir): true}
 	for _, t := range rw.tasks {
 		if t.changed {
 			rewritten[criuimg.MMPath(rw.imageDir, t.pid)] = true
@@ -80,13 +92,6 @@ func (rw *rewriter) stage(ctx context.Context) error {
 	}
 	if inv != nil {
 		if err := criuimg.WriteImage(criuimg.InventoryPath(rw.staging), inv); err != nil {
-			return err
-		}
-	}
-	var memInfo os.FileInfo
-	if rw.mem != nil {
-		var err error
-		if memInfo, err = rw.mem.Stat(); err != nil {
 			return err
 		}
 	}
@@ -127,7 +132,11 @@ func (rw *rewriter) stage(ctx context.Context) error {
 		}
 	}
 
-	// files.img: one entry per region, and no entry for a family file that
+	if rw.premapped, err = rw.writePremap(); err != nil {
+		return err
+	}
+
+	// files.img: one entry for the new memory file, and no entry for a family file that
 	// nothing uses any more (a rebase left it behind).
 	used := map[uint32]bool{}
 	for _, t := range rw.tasks {
@@ -159,8 +168,8 @@ func (rw *rewriter) stage(ctx context.Context) error {
 		}
 		files.Add(fe)
 	}
-	for _, reg := range rw.regions {
-		files.Add(rw.regFile(reg.regID, memInfo, uint32(memInfo.Mode().Perm())|unix.S_IFREG))
+	if memEntry != nil {
+		files.Add(memEntry)
 	}
 	for _, fe := range rw.clones {
 		files.Add(fe)
@@ -275,6 +284,8 @@ func linkTree(src, dst string, skip map[string]bool) error {
 		switch {
 		case rel == ".":
 			return nil
+		case d.IsDir() && skip[path]:
+			return fs.SkipDir
 		case d.IsDir():
 			info, err := d.Info()
 			if err != nil {
@@ -365,12 +376,12 @@ func (s *Store) dropRefLocked(family, holder string, ours bool) {
 
 // splitCOWIDs works around CRIU's test for copy-on-write sharing between a
 // parent's and a child's VMA (criu/mem.c, check_cow_vmas): same start, end
-// and file id, but not the same offset. A dump of a restored copy gives every
-// mapping of one memory file the same file id, so a child whose VMA maps its
+// and file id, but not the same offset. A dump of a restored copy, and the
+// rewrite itself, give every mapping of one memory file the same file id, so a child whose VMA maps its
 // own region at the address where its parent maps another region of that
 // file would be restored with the parent's contents. Such a child VMA gets a
 // file id of its own (a clone of the files.img entry).
-func (rw *rewriter) splitCOWIDs() error {
+func (rw *rewriter) splitCOWIDs(memEntry *fdinfo.FileEntry) error {
 	byPID := map[uint32]*task{}
 	for _, t := range rw.tasks {
 		byPID[t.pid] = t
@@ -379,7 +390,13 @@ func (rw *rewriter) splitCOWIDs() error {
 	for _, fe := range rw.files.Entries {
 		entries[fe.GetId()] = fe
 	}
-	next := rw.files.MaxID() + 1 + uint32(len(rw.regions))
+	if memEntry != nil {
+		entries[memEntry.GetId()] = memEntry
+	}
+	next := rw.files.MaxID() + 1
+	if len(rw.regions) > 0 {
+		next++ // the new memory file's entry
+	}
 	for _, t := range rw.tasks {
 		parent := byPID[t.ppid]
 		if t.mm == nil || parent == nil || parent.mm == nil {

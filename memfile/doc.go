@@ -47,6 +47,15 @@
 // its own mount namespace the entry carries the mnt_id of the mount that
 // holds MapDir (CRIU opens the path relative to that mount's root).
 //
+// All the VMAs that map the new memory file share that one entry (one file
+// id), as in a dump of a restored copy: CRIU keeps the file open for a run
+// of consecutive mappings of one file id. Mappings of other files between
+// them still make it open the file again for each run, and it holds every
+// file it opened until its restorer maps them: a task whose image would hold
+// more than 256 open files at once gets an empty parent pagemap, so that
+// CRIU premaps its mappings one file at a time (see premap.go; 100,000
+// alternating file and anonymous mappings restore, TestManyMappings).
+//
 // # Layout: one slot per VMA
 //
 // One memory file per rewrite, shared by the whole process tree. Each
@@ -114,8 +123,8 @@
 // does not list, which is why the child lists every page where it differs
 // from the file, even one equal to its parent's.
 //
-// CRIU's check ignores the file offset, and a dump of a restored copy gives
-// one file id to every mapping of a memory file. So a child VMA that maps a
+// CRIU's check ignores the file offset, and both the rewrite and a dump of
+// a restored copy give one file id to every mapping of a memory file. So a child VMA that maps a
 // different region at the same addresses as its parent's VMA would be
 // restored with the parent's contents; the rewrite gives such a VMA a file
 // id of its own (a clone of the files.img entry).

@@ -77,6 +77,9 @@ type Result struct {
 	Duration     time.Duration
 	// NewFile is the memory file the rewrite wrote ("" if it wrote none).
 	NewFile string
+	// Premapped lists the tasks CRIU will premap at restore: their mappings
+	// would need more than 256 open files at once otherwise (see premapDir).
+	Premapped []uint32
 }
 
 // Rewrite turns the CRIU dump in imageDir into a LazyFork snapshot: every
@@ -144,6 +147,7 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 	res = &Result{
 		Files: rw.info.Files, PagesMoved: rw.moved, PagesKept: rw.info.KeptPages, PagesWiped: rw.wiped,
 		BytesWritten: rw.cp.written + rw.parWritten - rw.stagedBytes, Rebased: rw.rebase, Duration: time.Since(start),
+		Premapped: rw.premapped,
 	}
 	if rw.mem != nil {
 		res.NewFile = rw.memName
@@ -188,7 +192,8 @@ type rewriter struct {
 	parWritten int64     // bytes copied by flush's workers
 
 	staging     string
-	stagedBytes int64 // bytes the copier spent on staged pages images
+	premapped   []uint32 // tasks given an empty parent pagemap (premapDir)
+	stagedBytes int64    // bytes the copier spent on staged pages images
 	info        SnapshotInfo
 }
 
@@ -533,7 +538,9 @@ func (rw *rewriter) writeMemory(ctx context.Context) error {
 					}
 				}
 			}
-			reg := &region{slot: len(rw.regions), off: int64(len(rw.regions)) * SlotSize, regID: regBase + uint32(len(rw.regions)), owner: p}
+			// Every region shares one files.img entry: CRIU then opens the
+			// file once for a run of converted VMAs (see premapDir).
+			reg := &region{slot: len(rw.regions), off: int64(len(rw.regions)) * SlotSize, regID: regBase, owner: p}
 			rw.regions = append(rw.regions, reg)
 			p.region, p.regOff = reg, reg.off
 			if p.hasBase() {

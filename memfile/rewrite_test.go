@@ -47,6 +47,38 @@ func TestRewriteRestore(t *testing.T) {
 	}
 	// No private anonymous VMA with pages is left, and pages images are small.
 	checkNoAnonPages(t, dir)
+	// The root's VMAs that map the new memory file share one file id: CRIU
+	// opens the file once for a run of them, not once per VMA. (A child's
+	// VMA that maps its own region where the parent maps another gets an id
+	// of its own: CRIU would take it for a copy-on-write share.)
+	files, err := criuimg.ReadFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	memIDs := map[uint64]bool{}
+	for _, fe := range files.Entries {
+		if filepath.Base(fe.GetReg().GetName()) == info.Files[0] {
+			memIDs[uint64(fe.GetId())] = true
+		}
+	}
+	tree, err := criuimg.ReadPstree(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mm, err := criuimg.ReadMM(dir, tree[0].GetPid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmas, ids := 0, map[uint64]bool{}
+	for _, v := range mm.MM.GetVmas() {
+		if v.GetStatus()&(1<<6) != 0 && memIDs[v.GetShmid()] {
+			vmas++
+			ids[v.GetShmid()] = true
+		}
+	}
+	if vmas < 2 || len(ids) != 1 {
+		t.Errorf("the root maps the memory file in %d VMAs with %d file ids, want several VMAs and one id", vmas, len(ids))
+	}
 	// Without TCP connections, restores skip CRIU's network lock.
 	if inv, err := criuimg.ReadInventory(dir); err != nil || inv.GetNetworkLockMethod() != 2 {
 		t.Errorf("inventory network lock method %d (%v), want 2 (skip)", inv.GetNetworkLockMethod(), err)

@@ -4,16 +4,19 @@
 #
 #   localhost/lazyfork/busybox:latest  busybox-static from Debian, one layer
 #   localhost/lazyfork/python:latest   debootstrap minbase + python3-minimal (bookworm),
-#                                      trimmed of docs/locales/apt lists; a second small
-#                                      layer holds integration/workloads/*.py at
+#                                      trimmed of docs/locales/apt lists; a small layer
+#                                      adds SQLite (libsqlite3-0 and python's sqlite3
+#                                      module from libpython3.11-stdlib); another holds
+#                                      integration/workloads/*.py at
 #                                      /opt/lazyfork/workloads/, so editing a workload
 #                                      re-packs only that layer.
+#   localhost/lazyfork/node:latest     debootstrap minbase + nodejs (bookworm), trimmed.
 #   registry.k8s.io/pause:3.10.2       CRI's sandbox image (containerd's default
 #                                      pinned_images.sandbox), which cannot be pulled
 #                                      here: a static C program (gcc -static) that
 #                                      sleeps, reaps orphans and exits on SIGINT/SIGTERM.
 #
-# Usage: scripts/images.sh [--print-path] [busybox|python|pause|all]...   (default: all)
+# Usage: scripts/images.sh [--print-path] [busybox|python|node|pause|all]...   (default: all)
 #
 # Archives go to ${LAZYFORK_CACHE:-/var/cache/lazyfork}/images/<name>.tar. Each one is
 # rebuilt only when its recipe (*_RECIPE below, the workloads) changed; a cached re-run
@@ -27,6 +30,8 @@ set -euo pipefail
 BUSYBOX_RECIPE=2
 PYTHON_RECIPE=1
 PAUSE_RECIPE=1
+NODE_RECIPE=1
+SQLITE_RECIPE=1
 PAUSE_REF=registry.k8s.io/pause:3.10.2
 CACHE=${LAZYFORK_CACHE:-/var/cache/lazyfork}
 IMAGES=$CACHE/images
@@ -40,19 +45,19 @@ names=()
 for a in "$@"; do
 	case $a in
 	--print-path) print_path=1 ;;
-	busybox | python | pause) names+=("$a") ;;
-	all) names+=(busybox python pause) ;;
+	busybox | python | node | pause) names+=("$a") ;;
+	all) names+=(busybox python node pause) ;;
 	-h | --help)
-		sed -n '2,23p' "$0"
+		sed -n '2,26p' "$0"
 		exit 0
 		;;
 	*)
-		echo "images.sh: unknown argument '$a' (want busybox, python, pause, all or --print-path)" >&2
+		echo "images.sh: unknown argument '$a' (want busybox, python, node, pause, all or --print-path)" >&2
 		exit 2
 		;;
 	esac
 done
-[ ${#names[@]} -gt 0 ] || names=(busybox python pause)
+[ ${#names[@]} -gt 0 ] || names=(busybox python node pause)
 
 die() { # the EXIT trap then names the step that failed
 	echo "images.sh: $*" >&2
@@ -201,7 +206,7 @@ build_python() {
 	local wl
 	wl=$(cd "$WORKLOADS" && cat $(ls *.py 2>/dev/null | sort) 2>/dev/null | sha256sum | cut -d' ' -f1)
 	local basekey="recipe=$PYTHON_RECIPE arch=$ARCH suite=$SUITE"
-	local key="$basekey workloads=$wl"
+	local key="$basekey sqlite=$SQLITE_RECIPE workloads=$wl"
 	step "python: check cache"
 	if fresh python "$key"; then
 		step "python: cached"
@@ -226,6 +231,28 @@ build_python() {
 		echo "$info" >"$base.info"
 		echo "$basekey" >"$base.key"
 	fi
+	local sq=$IMAGES/.python-sqlite.tgz sqkey="recipe=$SQLITE_RECIPE arch=$ARCH"
+	if [ ! -f "$sq" ] || [ "$(cat "$sq.key" 2>/dev/null)" != "$sqkey" ]; then
+		step "python: sqlite layer"
+		tmpdir python-sqlite
+		local w3=$TMPD
+		apt_download "$w3" libsqlite3-0
+		apt_download "$w3" libpython3.11-stdlib
+		dpkg -x "$w3"/libsqlite3-0_*.deb "$w3/x" || die "dpkg -x libsqlite3-0"
+		dpkg -x "$w3"/libpython3.11-stdlib_*.deb "$w3/y" || die "dpkg -x libpython3.11-stdlib"
+		local r3=$w3/rootfs
+		mkdir -p "$r3/usr/lib/python3.11/lib-dynload"
+		cp -a "$w3/x/usr/lib/." "$r3/usr/lib/" || die "no libsqlite3 in libsqlite3-0"
+		cp -a "$w3/y/usr/lib/python3.11/sqlite3" "$r3/usr/lib/python3.11/" || die "no sqlite3 module in libpython3.11-stdlib"
+		cp -a "$w3/y/usr/lib/python3.11/lib-dynload/"_sqlite3.*.so "$r3/usr/lib/python3.11/lib-dynload/" || die "no _sqlite3 in libpython3.11-stdlib"
+		find "$r3" -name '__pycache__' -prune -exec rm -rf {} + 2>/dev/null || true
+		find "$r3" -exec touch -h -d @0 {} +
+		local info3
+		info3=$(layer "$r3" "$w3/sqlite.tgz")
+		mv "$w3/sqlite.tgz" "$sq.tmp" && mv "$sq.tmp" "$sq"
+		echo "$info3" >"$sq.info"
+		echo "$sqkey" >"$sq.key"
+	fi
 	step "python: workloads layer"
 	tmpdir python-wl
 	local w2=$TMPD
@@ -237,8 +264,32 @@ build_python() {
 	local info2
 	info2=$(layer "$w2/rootfs" "$w2/wl.tgz")
 	step "python: pack"
-	pack python localhost/lazyfork/python:latest '["python3"]' "$base $(cat "$base.info")" "$w2/wl.tgz $info2"
+	pack python localhost/lazyfork/python:latest '["python3"]' "$base $(cat "$base.info")" "$sq $(cat "$sq.info")" "$w2/wl.tgz $info2"
 	stamp python "$key"
+}
+
+build_node() {
+	local key="recipe=$NODE_RECIPE arch=$ARCH suite=$SUITE"
+	step "node: check cache"
+	if fresh node "$key"; then
+		step "node: cached"
+		return
+	fi
+	tmpdir node
+	local w=$TMPD r=$TMPD/rootfs
+	step "node: debootstrap (~60 s)"
+	debootstrap --variant=minbase --include=nodejs "$SUITE" "$r" "$MIRROR" >"$w/debootstrap.log" 2>&1 ||
+		{ tail -20 "$w/debootstrap.log" >&2; die "debootstrap $SUITE with nodejs from $MIRROR (log above)"; }
+	step "node: trim"
+	rm -rf "$r"/usr/share/{doc,man,info,locale,lintian,linda}/* "$r"/var/lib/apt/lists/* \
+		"$r"/var/cache/apt/* "$r"/var/cache/debconf/*-old "$r"/var/log/* "$r"/dev/*
+	chroot "$r" node -e 'process.exit(typeof BigInt === "function" ? 0 : 1)' || die "node does not run in the rootfs"
+	step "node: layer"
+	local info
+	info=$(layer "$r" "$w/layer.tgz")
+	step "node: pack"
+	pack node localhost/lazyfork/node:latest '["node"]' "$w/layer.tgz $info"
+	stamp node "$key"
 }
 
 # The pause program: PID 1 of a pod sandbox. It must reap (a pod sharing its PID

@@ -10,24 +10,31 @@ import (
 	"github.com/containerd/log"
 )
 
-// Pause freezes a task with runc's shim; a supervised task is let go first.
+// Pause freezes a task with runc's shim. A supervised task is held in its
+// supervisor's ptrace stops while it freezes, then let go: its threads go
+// from those stops into the freezer, and none runs a guarded call untraced
+// (madvguard.Supervisor.Hold).
 func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	s.mu.Lock()
 	delete(s.thawed, r.ID)
 	s.mu.Unlock()
 	sup := s.supervisorOf(r.ID)
-	detached, err := sup.detach()
+	held, err := sup.hold()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
 	resp, err := s.TTRPCTaskService.Pause(ctx, r)
-	if err != nil && detached {
-		sup.attach(ctx)
+	if held {
+		if err != nil {
+			sup.unhold(ctx)
+		} else if rerr := sup.release(); rerr != nil {
+			return nil, errgrpc.ToGRPC(rerr)
+		}
 	}
 	return resp, err
 }
 
-// Resume thaws a task with runc's shim, then its supervisor attaches again.
+// Resume thaws a task with runc's shim, its supervisor attached again first.
 // The Resume that follows a checkpoint which already thawed the task
 // (thawBeforeRewrite) has nothing left to do.
 func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
@@ -38,11 +45,10 @@ func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	if done {
 		return &ptypes.Empty{}, nil
 	}
-	resp, err := s.TTRPCTaskService.Resume(ctx, r)
-	if err == nil {
-		s.supervisorOf(r.ID).attach(ctx)
-	}
-	return resp, err
+	// The supervisor seizes the frozen task before the thaw, so that its
+	// first guarded call is traced.
+	s.supervisorOf(r.ID).attach(ctx)
+	return s.TTRPCTaskService.Resume(ctx, r)
 }
 
 // thawBeforeRewrite thaws a paused task right after its dump when whoever

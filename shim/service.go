@@ -294,7 +294,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		withOvercommitHook(spec, s.self, s.cfg.Overcommit)
 	}
 	if s.cfg.CRIUVerbosity != "" {
-		conf, err := ensureCRIUConfig(s.cfg.Root, s.cfg.CRIUVerbosity)
+		conf, err := ensureCRIUConfig(s.cfg.Root, s.cfg.CRIUVerbosity, snap != nil && zeroGuard(ctx, r.Checkpoint))
 		if err != nil {
 			return nil, fmt.Errorf("CRIU configuration: %w", err)
 		}

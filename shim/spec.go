@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -113,9 +114,10 @@ func ensureOvercommitFile(familyDir, value string) error {
 const AnnotationCRIUConfig = "org.criu.config"
 
 // withCRIUConfig points runc at LazyFork's CRIU configuration unless the spec
-// names one already.
+// names one already that is not LazyFork's (a fork's spec is its parent's,
+// with the parent's LazyFork configuration, which may differ).
 func withCRIUConfig(s *specs.Spec, path string) {
-	if _, ok := s.Annotations[AnnotationCRIUConfig]; ok {
+	if cur, ok := s.Annotations[AnnotationCRIUConfig]; ok && !isOurCRIUConfig(cur, filepath.Dir(path)) {
 		return
 	}
 	if s.Annotations == nil {
@@ -124,18 +126,44 @@ func withCRIUConfig(s *specs.Spec, path string) {
 	s.Annotations[AnnotationCRIUConfig] = path
 }
 
+// isOurCRIUConfig reports whether path is a configuration ensureCRIUConfig
+// wrote into dir.
+func isOurCRIUConfig(path, dir string) bool {
+	base := filepath.Base(path)
+	return filepath.Dir(path) == dir && strings.HasPrefix(base, "criu-v") && strings.HasSuffix(base, ".conf")
+}
+
 // ensureCRIUConfig writes LazyFork's CRIU configuration file (once; its content
-// only depends on the verbosity, which is in its name).
-func ensureCRIUConfig(dir, verbosity string) (string, error) {
-	p := filepath.Join(dir, "criu-v"+verbosity+".conf")
+// only depends on the verbosity and freezeOnResume, which are in its name):
+// the log level, file locks dumped and restored (CRIU refuses to dump a
+// process holding one otherwise), and for freezeOnResume
+// (a restore of a zero-mode snapshot) freezeOnResumeScript as CRIU's action
+// script.
+func ensureCRIUConfig(dir, verbosity string, freezeOnResume bool) (string, error) {
+	name := "criu-v" + verbosity + "-locks"
+	if freezeOnResume {
+		name += "-freeze1"
+	}
+	p := filepath.Join(dir, name+".conf")
 	if _, err := os.Stat(p); err == nil {
 		return p, nil
 	}
 	conf := "# LazyFork: CRIU restores inside the fork's memory cgroup; a debug log\n" +
 		"# there is page cache charged to every fork. Errors are still logged.\n" +
-		"verbosity=" + verbosity + "\n"
+		"verbosity=" + verbosity + "\n" +
+		"# A process holding file locks (SQLite, flock users) is dumped with them;\n" +
+		"# each copy takes them again on its own copy of the files.\n" +
+		"file-locks\n"
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
+	}
+	if freezeOnResume {
+		script := filepath.Join(dir, "criu-freeze-on-resume1.sh")
+		if err := writeFileAtomic(script, []byte(freezeOnResumeScript), 0o755); err != nil {
+			return "", err
+		}
+		conf += "# A zero-mode madvise guard: frozen until its supervisor attaches.\n" +
+			"action-script " + script + "\n"
 	}
 	return p, writeFileAtomic(p, []byte(conf), 0o644)
 }

@@ -41,6 +41,46 @@ func (v *supervisor) detach() (bool, error) {
 	return true, nil
 }
 
+// hold stops every thread of the attached task under the supervisor's
+// ptrace and keeps it stopped, so that the task can be frozen without
+// running a guarded call untraced; release (after the freeze) or unhold
+// (the freeze failed) follows. It reports whether it held anything.
+func (v *supervisor) hold() (bool, error) {
+	if v == nil {
+		return false, nil
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.attached {
+		return false, nil
+	}
+	if err := v.remote.Hold(); err != nil {
+		return false, fmt.Errorf("madvise supervisor of %s: hold: %w", v.id, err)
+	}
+	return true, nil
+}
+
+// release detaches from the held (now frozen) task: its threads go from
+// their stops into the freezer.
+func (v *supervisor) release() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.remote.Release(); err != nil {
+		return fmt.Errorf("madvise supervisor of %s: release: %w", v.id, err)
+	}
+	v.attached = false
+	return nil
+}
+
+// unhold lets the held task run on, traced.
+func (v *supervisor) unhold(ctx context.Context) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.remote.Unhold(); err != nil {
+		log.G(ctx).WithError(err).WithField("id", v.id).Warn("lazyfork: madvise supervisor: unhold")
+	}
+}
+
 // attach traces the task again if it is not traced. A failure is logged: the
 // guarded calls then fail with ENOSYS, which allocators take as a refusal.
 func (v *supervisor) attach(ctx context.Context) {
@@ -71,22 +111,32 @@ func (v *supervisor) close(ctx context.Context) {
 	v.attached = false
 }
 
-// superviseIfZero attaches a madvise supervisor to a task restored from a
-// snapshot whose guard is in zero mode: guarded purges then become fresh
-// anonymous mappings (memory given back, reads as zeros).
-func (s *Service) superviseIfZero(ctx context.Context, id string, c *container, pid int) {
-	ths, err := madvguard.Inspect(c.state.Snapshot)
+// zeroGuard reports whether the snapshot in dir carries a zero-mode guard.
+func zeroGuard(ctx context.Context, dir string) bool {
+	ths, err := madvguard.Inspect(dir)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("lazyfork: inspect madvise guard")
-		return
+		return false
 	}
-	zero := false
 	for _, th := range ths {
-		zero = zero || th.Guards > 0 && th.Mode == madvguard.Zero
+		if th.Guards > 0 && th.Mode == madvguard.Zero {
+			return true
+		}
 	}
-	if !zero {
+	return false
+}
+
+// superviseIfZero attaches a madvise supervisor to a task restored from a
+// snapshot whose guard is in zero mode: guarded purges then become fresh
+// anonymous mappings (memory given back, reads as zeros). The restore left
+// such a task frozen (freezeOnResumeScript): the supervisor seizes it
+// frozen and only then is it thawed, so its first guarded call is traced
+// too.
+func (s *Service) superviseIfZero(ctx context.Context, id string, c *container, pid int) {
+	if !zeroGuard(ctx, c.state.Snapshot) {
 		return
 	}
+	defer thawRestored(ctx, id, pid)
 	remote, err := madvguard.SpawnSupervisor(pid)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("lazyfork: madvise supervisor (guarded calls fail with ENOSYS instead)")
@@ -105,4 +155,57 @@ func (s *Service) supervisorOf(id string) *supervisor {
 		return c.sup
 	}
 	return nil
+}
+
+// freezeOnResumeScript is the CRIU action script of a restore whose snapshot
+// carries a zero-mode guard. At CRIU's pre-resume stage the restored tasks
+// are still in CRIU's ptrace stops; it freezes their cgroup there (stopped
+// threads count as frozen), so that when CRIU detaches each thread goes into
+// the freezer instead of running: no guarded call runs before the shim's
+// supervisor has seized the frozen task (superviseIfZero thaws it then).
+// runc put CRIU itself into the container's cgroup: CRIU and the script move
+// to the cgroup of CRIU's parent (runc) first. Any failure leaves the task
+// running, as before (its first guarded calls may then fail with ENOSYS).
+const freezeOnResumeScript = `#!/bin/sh
+# LazyFork: a fork with a zero-mode madvise guard stays frozen at the end of
+# its restore until the shim's madvise supervisor has attached.
+[ "$CRTOOLS_SCRIPT_ACTION" = pre-resume ] || exit 0
+task=$CRTOOLS_INIT_PID
+criu=$PPID
+[ -n "$task" ] || exit 0
+runc=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$criu/status)
+if [ -e /sys/fs/cgroup/cgroup.controllers ]; then
+	cg=$(sed -n 's/^0:://p' /proc/$task/cgroup)
+	back=$(sed -n 's/^0:://p' /proc/$runc/cgroup)
+	[ -n "$cg" ] && [ "$cg" != "$back" ] || exit 0
+	echo $criu > "/sys/fs/cgroup$back/cgroup.procs" || exit 0
+	echo $$ > "/sys/fs/cgroup$back/cgroup.procs" || exit 0
+	echo 1 > "/sys/fs/cgroup$cg/cgroup.freeze"
+else
+	fz='s/^[0-9]*:\([^:]*,\)\{0,1\}freezer\(,[^:]*\)\{0,1\}://p'
+	cg=$(sed -n "$fz" /proc/$task/cgroup)
+	back=$(sed -n "$fz" /proc/$runc/cgroup)
+	[ -n "$cg" ] && [ "$cg" != "$back" ] || exit 0
+	echo $criu > "/sys/fs/cgroup/freezer$back/cgroup.procs" || exit 0
+	echo $$ > "/sys/fs/cgroup/freezer$back/cgroup.procs" || exit 0
+	echo FROZEN > "/sys/fs/cgroup/freezer$cg/freezer.state"
+fi
+exit 0
+`
+
+// thawRestored thaws the cgroup of a restored task that freezeOnResumeScript
+// froze (a no-op for a running one).
+func thawRestored(ctx context.Context, id string, pid int) {
+	cg, err := loadCgroup(pid)
+	if err == nil {
+		switch g := cg.(type) {
+		case interface{ Thaw() error }:
+			err = g.Thaw()
+		default:
+			err = fmt.Errorf("cgroup %T cannot thaw", cg)
+		}
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", id).Error("lazyfork: thaw restored task")
+	}
 }

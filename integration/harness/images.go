@@ -20,17 +20,20 @@ import (
 const (
 	BusyboxImage = "localhost/lazyfork/busybox:latest"
 	PythonImage  = "localhost/lazyfork/python:latest"
+	NodeImage    = "localhost/lazyfork/node:latest"
 )
 
-// ImageRef maps a short image name ("busybox", "python") to its reference.
+// ImageRef maps a short image name ("busybox", "python", "node") to its reference.
 func ImageRef(name string) (string, error) {
 	switch name {
 	case "busybox":
 		return BusyboxImage, nil
 	case "python":
 		return PythonImage, nil
+	case "node":
+		return NodeImage, nil
 	}
-	return "", fmt.Errorf("harness: unknown test image %q (want busybox or python): %w", name, errdefs.ErrInvalidArgument)
+	return "", fmt.Errorf("harness: unknown test image %q (want busybox, python or node): %w", name, errdefs.ErrInvalidArgument)
 }
 
 // RepoRoot is the LazyFork source tree: $LAZYFORK_REPO, or found from this file.

@@ -34,8 +34,12 @@
 // memory given back, at the price of two ptrace stops per call. Without a
 // supervisor the call fails with ENOSYS, which allocators treat like
 // Refuse, so a copy is correct whether or not one is attached. A traced
-// copy cannot be dumped: the supervisor detaches for the dump and attaches
-// again after it.
+// copy cannot be dumped: the supervisor lets go for the dump and attaches
+// again after it. So that no call runs untraced meanwhile, the copy is
+// frozen across the gap: Hold stops every thread in a ptrace stop, the
+// caller freezes the cgroup, Release detaches (each thread goes from its
+// stop into the freezer); after the dump, Attach seizes the frozen threads
+// and only then does the caller thaw them (TestHoldAcrossFreeze).
 //
 // # Ranges
 //

@@ -297,16 +297,26 @@ func ApplyMode(imageDir string, ranges map[int][]Range, mode Mode) error {
 		// flag and the other threads none; the kernel then gives every
 		// thread the leader's filters. A process with no filters at all
 		// takes the same form. Otherwise each thread keeps its own chain.
-		tsync := true
+		// A thread in strict mode keeps it: a filter would turn it into
+		// filter mode (what the restored thread reports in /proc), and
+		// strict mode kills it at any madvise anyway. TSYNC would fail on
+		// it, so its process takes the per-thread form.
+		strict := make([]bool, len(p.cores))
+		anyStrict := false
+		for i, core := range p.cores {
+			strict[i] = core.GetThreadCore().GetSeccompMode() == criucore.SeccompMode_strict
+			anyStrict = anyStrict || strict[i]
+		}
+		tsync := !anyStrict
 		for i, ch := range chains {
 			if i == 0 {
-				tsync = len(ch) == 0 || ch[len(ch)-1].flags&unix.SECCOMP_FILTER_FLAG_TSYNC != 0
+				tsync = tsync && (len(ch) == 0 || ch[len(ch)-1].flags&unix.SECCOMP_FILTER_FLAG_TSYNC != 0)
 			} else if len(ch) != 0 {
 				tsync = false
 			}
 		}
 		for i, core := range p.cores {
-			if tsync && i > 0 {
+			if tsync && i > 0 || strict[i] {
 				continue
 			}
 			var want []filter

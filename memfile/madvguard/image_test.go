@@ -117,6 +117,39 @@ func TestApplyPerThreadChains(t *testing.T) {
 	}
 }
 
+// A thread in seccomp strict mode keeps it (zdtm's seccomp_strict): the
+// guard goes to the other threads, one by one (TSYNC would fail on it).
+func TestApplySkipsStrictThreads(t *testing.T) {
+	dir := writeSynthetic(t, chainSpec{{}, {}})
+	path := criuimg.CorePath(dir, 2)
+	img, err := criuimg.ReadImage(path, criuimg.MagicCore, criuimg.Of(&criucore.CoreEntry{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.Entries[0].(*criucore.CoreEntry).ThreadCore.SeccompMode = criucore.SeccompMode_strict.Enum()
+	if err := criuimg.WriteImage(path, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := Apply(dir, map[int][]Range{1: rsA}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cores := st.procs[0].cores
+	if m := cores[1].GetThreadCore().GetSeccompMode(); m != criucore.SeccompMode_strict {
+		t.Errorf("strict thread now in mode %v", m)
+	}
+	ch, err := st.chain(cores[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []filter{{data: guardOf(t, rsA)}}; !reflect.DeepEqual(ch, want) {
+		t.Errorf("leader chain %v, want the guard alone without TSYNC %v", ch, want)
+	}
+}
+
 func TestApplyReplacesGuardAnywhereInChain(t *testing.T) {
 	// A restore installs the newest filter first, so after a dump of a copy
 	// our guard can sit below the container's own filters.

@@ -38,7 +38,7 @@ func MaybeServe() {
 }
 
 // Serve supervises pid's tree and answers commands, one a line, on in/out:
-// "detach", "attach", "stats", "close". Each gets "ok[ details]" or
+// "detach", "attach", "hold", "release", "unhold", "stats", "close". Each gets "ok[ details]" or
 // "err message". It returns when in ends or after "close".
 func Serve(pid int, in io.Reader, out io.Writer) error {
 	s, err := Supervise(pid)
@@ -56,6 +56,12 @@ func Serve(pid int, in io.Reader, out io.Writer) error {
 			err = s.Detach()
 		case "attach":
 			err = s.Attach()
+		case "hold":
+			err = s.Hold()
+		case "release":
+			err = s.Release()
+		case "unhold":
+			err = s.Unhold()
 		case "stats":
 			st := s.Stats()
 			extra = fmt.Sprintf(" zeroed=%d refused=%d stops=%d busy_ns=%d", st.Zeroed, st.Refused, st.Stops, st.Busy.Nanoseconds())
@@ -143,6 +149,15 @@ func (r *Remote) Detach() error { _, err := r.call("detach"); return err }
 
 // Attach traces the tree again (after a dump).
 func (r *Remote) Attach() error { _, err := r.call("attach"); return err }
+
+// Hold stops the tree's threads and keeps them stopped (see Supervisor.Hold).
+func (r *Remote) Hold() error { _, err := r.call("hold"); return err }
+
+// Release detaches from the held threads (see Supervisor.Release).
+func (r *Remote) Release() error { _, err := r.call("release"); return err }
+
+// Unhold lets the held threads run on, traced.
+func (r *Remote) Unhold() error { _, err := r.call("unhold"); return err }
 
 // Stats returns the supervisor's counts.
 func (r *Remote) Stats() (Stats, error) {

@@ -107,6 +107,20 @@ func (s *Supervisor) do(op string) error {
 // Detach lets go of every tracee (before a dump of the tree).
 func (s *Supervisor) Detach() error { return s.do("detach") }
 
+// Hold stops every thread of the tree in a ptrace stop and keeps it there
+// (a call being converted finishes first). Then freeze the tree's cgroup
+// (threads in a ptrace stop count as frozen) and Release: each thread goes
+// from its stop straight into the freezer, so none runs a guarded call
+// untraced (which would fail with ENOSYS) between the detach and the freeze.
+// Unhold lets the threads run on, traced, when the freeze failed.
+func (s *Supervisor) Hold() error { return s.do("hold") }
+
+// Release detaches from the threads Hold stopped.
+func (s *Supervisor) Release() error { return s.do("release") }
+
+// Unhold resumes the threads Hold stopped, still traced.
+func (s *Supervisor) Unhold() error { return s.do("unhold") }
+
 // Attach traces the tree again (after a dump).
 func (s *Supervisor) Attach() error { return s.do("attach") }
 
@@ -126,7 +140,10 @@ func (s *Supervisor) Stats() Stats {
 }
 
 type tracee struct {
-	tgid   int
+	tgid  int
+	held  bool // in a ptrace stop Hold asked for; resumed by Unhold or detached by Release
+	group bool // that stop is a group stop (SIGSTOP and the like): Unhold listens
+
 	inExit bool   // stopped the converted call; its exit stop comes next
 	addr   uint64 // start of the converted range
 }
@@ -135,6 +152,7 @@ type tracer struct {
 	s         *Supervisor
 	tracees   map[int]*tracee
 	detaching bool
+	holding   bool             // interrupt stops are kept (Hold) instead of resumed
 	maps      map[int]*os.File // /proc/<tgid>/maps, for PROCMAP_QUERY
 	tid       int              // the tracer thread (tracees' TracerPid)
 	bell      atomic.Int64     // pid of the doorbell child
@@ -208,6 +226,12 @@ func (t *tracer) command(c command) bool {
 		err = t.detachAll()
 	case "attach":
 		err = t.attachTree()
+	case "hold":
+		err = t.holdAll()
+	case "release":
+		err = t.releaseHeld()
+	case "unhold":
+		t.unholdAll()
 	case "close":
 		err = t.detachAll()
 		t.stopBell()
@@ -354,6 +378,9 @@ func (t *tracer) handle(tid int, ws unix.WaitStatus) {
 			}
 		}
 		t.resume(tid, tr, 0)
+	case event == unix.PTRACE_EVENT_STOP && t.holding && !t.detaching:
+		tr.held = true
+		tr.group = sig == unix.SIGSTOP || sig == unix.SIGTSTP || sig == unix.SIGTTIN || sig == unix.SIGTTOU
 	case event == unix.PTRACE_EVENT_STOP:
 		if (sig == unix.SIGSTOP || sig == unix.SIGTSTP || sig == unix.SIGTTIN || sig == unix.SIGTTOU) && !t.detaching {
 			ptrace(unix.PTRACE_LISTEN, tid, 0, 0) // group stop: stay stopped
@@ -477,6 +504,87 @@ func (t *tracer) detachAll() error {
 		}
 	}
 	return nil
+}
+
+// holdAll interrupts every tracee and waits until each sits in its
+// interrupt stop (see Supervisor.Hold). Threads born meanwhile are
+// auto-attached and stop the same way.
+func (t *tracer) holdAll() error {
+	t.holding = true
+	for tid, tr := range t.tracees {
+		if tr.held {
+			continue
+		}
+		if err := ptrace(unix.PTRACE_INTERRUPT, tid, 0, 0); errors.Is(err, unix.ESRCH) {
+			delete(t.tracees, tid)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		waiting := 0
+		for _, tr := range t.tracees {
+			if !tr.held {
+				waiting++
+			}
+		}
+		if waiting == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			t.unholdAll()
+			return fmt.Errorf("madvguard: %d tracees did not stop to be held", waiting)
+		}
+		if t.drain() == 0 {
+			t.forgetUntraced()
+			// A thread auto-attached at a clone we saw may not have been
+			// interrupted yet.
+			for tid, tr := range t.tracees {
+				if !tr.held {
+					ptrace(unix.PTRACE_INTERRUPT, tid, 0, 0)
+				}
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
+}
+
+// releaseHeld detaches from every held tracee; it stays where Hold put it
+// (or, its cgroup frozen meanwhile, in the freezer).
+func (t *tracer) releaseHeld() error {
+	t.holding = false
+	var errs []error
+	for tid, tr := range t.tracees {
+		if !tr.held {
+			errs = append(errs, fmt.Errorf("madvguard: thread %d is not held", tid))
+			continue
+		}
+		if err := ptrace(unix.PTRACE_DETACH, tid, 0, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("madvguard: detach %d: %w", tid, err))
+		}
+		delete(t.tracees, tid)
+	}
+	t.closeMaps()
+	if len(errs) > 0 {
+		// Whatever is left is still traced: let it run.
+		t.unholdAll()
+	}
+	return errors.Join(errs...)
+}
+
+// unholdAll resumes the held tracees, still traced.
+func (t *tracer) unholdAll() {
+	t.holding = false
+	for tid, tr := range t.tracees {
+		if !tr.held {
+			continue
+		}
+		tr.held = false
+		if tr.group {
+			ptrace(unix.PTRACE_LISTEN, tid, 0, 0)
+		} else {
+			ptrace(unix.PTRACE_CONT, tid, 0, 0)
+		}
+	}
 }
 
 // treeThreads maps every thread of root's process tree to its tgid.

@@ -1,0 +1,136 @@
+package integration
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/lazyfork/lazyfork/integration/harness"
+)
+
+// lastPurges returns the fields of the last complete "purges" line of a
+// purgeloop task log.
+func lastPurges(t *testing.T, path string) map[string]string {
+	t.Helper()
+	lines, err := harness.ReadLines(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := len(lines) - 1; i >= 0; i-- {
+		f := strings.Fields(lines[i])
+		if len(f) == 6 && f[0] == "purges" {
+			kv := map[string]string{"line": lines[i]}
+			for _, x := range f[1:] {
+				k, v, _ := strings.Cut(x, "=")
+				kv[k] = v
+			}
+			return kv
+		}
+	}
+	t.Fatalf("no purges line in %s", path)
+	return nil
+}
+
+// TestZeroModeExact: with lazyfork.io/madvise=zero, a program that purges
+// its memory all the time (memfile/madvguard/testdata/purgeloop.c) never
+// sees a purge fail, in a fork, a second fork, and a fork of a fork: not
+// the first purge after a restore (the supervisor attaches while the
+// restored task is still frozen), nor the first after the fork is itself
+// paused and snapshotted (held, frozen, detached; attached again before
+// the thaw). Before, each restore and each snapshot of a fork let one or
+// more purges fail with ENOSYS.
+func TestZeroModeExact(t *testing.T) {
+	e := startLF(t, harness.Options{})
+	ctx := e.ctx(t)
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "purgeloop")
+	if out, err := exec.Command("gcc", "-static", "-O2", "-o", bin, filepath.Join(repo, "memfile/madvguard/testdata/purgeloop.c")).CombinedOutput(); err != nil {
+		t.Skipf("gcc -static purgeloop.c: %v\n%s", err, out)
+	}
+	img, err := e.ImportImage(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "zx-" + lfRandom(3)
+	e.run(t, ctx, img, id, []string{"/purgeloop"},
+		oci.WithMounts([]specs.Mount{{Destination: "/purgeloop", Type: "bind", Source: bin, Options: []string{"rbind", "ro"}}}),
+		oci.WithAnnotations(map[string]string{"lazyfork.io/madvise": "zero"}))
+	lf := e.lfClient()
+	waitPurges := func(id string, more uint64) map[string]string {
+		t.Helper()
+		path := e.TaskLogPath(id)
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if _, err := harness.WaitLine(wctx, path, 0, func(l string) bool { return strings.HasPrefix(l, "purges ") }); err != nil {
+			t.Fatalf("%s: no purges line: %v", id, err)
+		}
+		start := lastPurges(t, path)
+		for {
+			kv := lastPurges(t, path)
+			if len(kv["n"]) > 0 && kv["n"] != start["n"] && atoi(kv["n"]) >= atoi(start["n"])+more {
+				return kv
+			}
+			select {
+			case <-wctx.Done():
+				t.Fatalf("%s: purges stopped at %s", id, kv["line"])
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	fork := func(id string) (string, containerd.Task) {
+		t.Helper()
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		res, err := lf.Fork(fctx, id, 1, e.logIO())
+		if err != nil {
+			t.Fatalf("fork %s: %v", id, err)
+		}
+		return res.Forks[0].Container.ID(), res.Forks[0].Task
+	}
+	waitPurges(id, 1000)
+	procs := []string{id}
+	child, ctask := fork(id)
+	procs = append(procs, child)
+	for i := 0; i < 2; i++ {
+		c, _ := fork(id)
+		procs = append(procs, c)
+	}
+	waitPurges(child, 2000)
+	if tracer(t, ctask.Pid()) == 0 {
+		t.Fatalf("fork %s has no madvise supervisor", child)
+	}
+	for i := 0; i < 3; i++ {
+		g, _ := fork(child) // the child is paused, snapshotted, resumed
+		procs = append(procs, g)
+		waitPurges(child, 2000)
+	}
+	for _, c := range procs {
+		kv := waitPurges(c, 2000)
+		if kv["bad"] != "0" || kv["stale"] != "0" {
+			t.Errorf("%s: %s; want bad=0 stale=0 (every purge returns 0 and reads zeros)", c, kv["line"])
+		} else {
+			t.Logf("%s: %s", c, kv["line"])
+		}
+	}
+}
+
+func atoi(s string) uint64 {
+	var n uint64
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return n
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n
+}
