@@ -35,6 +35,9 @@ type StandIn struct {
 	// Files are added in one extra layer: path -> content (mode 0644, parent
 	// directories created 0755). Paths ending in "/" are directories.
 	Files map[string]string
+	// Modes overrides the mode of some Files, e.g. 0o755 for a script,
+	// 0o4755 for a setuid-root program.
+	Modes map[string]int64
 	// Edit changes the image config (user, command, ...), if set.
 	Edit func(*ocispec.ImageConfig)
 }
@@ -89,7 +92,7 @@ func imageArchiveBlobs(archive string) (ocispec.Manifest, ocispec.Descriptor, ma
 
 // filesLayer packs files into a gzipped tar layer; it returns the layer and
 // the digest of its uncompressed tar (the config's diff_id).
-func filesLayer(files map[string]string) (layer []byte, diffID digest.Digest, _ error) {
+func filesLayer(files map[string]string, modes map[string]int64) (layer []byte, diffID digest.Digest, _ error) {
 	var raw bytes.Buffer
 	tw := tar.NewWriter(&raw)
 	dirs := map[string]bool{}
@@ -126,7 +129,11 @@ func filesLayer(files map[string]string) (layer []byte, diffID digest.Digest, _ 
 				return nil, "", err
 			}
 		}
-		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(files[p]))}); err != nil {
+		mode := int64(0o644)
+		if m, ok := modes[p]; ok {
+			mode = m
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: mode, Size: int64(len(files[p]))}); err != nil {
 			return nil, "", err
 		}
 		if _, err := tw.Write([]byte(files[p])); err != nil {
@@ -164,7 +171,7 @@ func (r *Registry) PushStandIn(ctx context.Context, s StandIn) (digest.Digest, e
 	}
 	layers := append([]ocispec.Descriptor(nil), m.Layers...)
 	if len(s.Files) > 0 {
-		layer, diffID, err := filesLayer(s.Files)
+		layer, diffID, err := filesLayer(s.Files, s.Modes)
 		if err != nil {
 			return "", fmt.Errorf("harness: stand-in layer: %w", err)
 		}

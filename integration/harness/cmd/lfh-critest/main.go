@@ -46,6 +46,41 @@ const (
 	baseGroup  = "root:x:0:\nnogroup:x:65534:\n"
 )
 
+// Scripts for what critest runs in the busybox image that busybox-static
+// lacks or has differently.
+const (
+	// /bin/ls a file of its own (not a symlink to /bin/busybox), so that a
+	// masked /bin/ls masks only ls, as in the real image (hard links).
+	lsScript = "#!/bin/sh\nexec /bin/busybox ls \"$@\"\n"
+	// procps's pgrep NAME: the pids of processes named NAME.
+	pgrepScript = `#!/bin/sh
+found=1
+for d in /proc/[0-9]*; do
+	[ "$(cat "$d/comm" 2>/dev/null)" = "$1" ] || continue
+	echo "${d#/proc/}"
+	found=0
+done
+exit $found
+`
+	// util-linux's ipcs -m: the shared memory segments of this IPC namespace.
+	ipcsScript = `#!/bin/sh
+echo "------ Shared Memory Segments --------"
+echo "key        shmid      owner      perms      bytes      nattch     status"
+{
+	read -r _
+	while read -r key shmid perms size _; do echo "$key $shmid root $perms $size"; done
+} </proc/sysvipc/shm
+`
+	// nginx: a process named nginx (pidof), "master process" in PID 1's
+	// command line, its pid in /var/run/nginx.pid, serving port 80.
+	nginxScript = `#!/bin/sh
+mkdir -p /var/run
+echo $$ >/var/run/nginx.pid
+echo "nginx stand-in: httpd on port 80"
+httpd -f -v -p 80 -h /www
+`
+)
+
 // webServer stands in for nginx/httpd: busybox httpd serving an index page
 // on port, logging a line that names it first (critest looks for "httpd" in
 // the httpd container's log).
@@ -68,13 +103,27 @@ func user(u string) func(*ocispec.ImageConfig) {
 // pkg/validate/consts*.go and pkg/framework/util.go there), as stand-ins
 // that do what the tests ask of them (cri-tools' images/ say how the real
 // ones are made).
-func critestImages() []harness.StandIn {
+func critestImages(nnp string) []harness.StandIn {
 	wwwData := map[string]string{
 		"etc/passwd": basePasswd + "www-data:x:33:33:www-data:/var/www:/bin/false\n",
 		"etc/group":  baseGroup + "www-data:x:33:\n",
 	}
 	ims := []harness.StandIn{
-		{Base: "busybox", Refs: []string{e2e + "busybox:1.29-2"}},
+		{Base: "busybox", Refs: []string{e2e + "busybox:1.29-2"},
+			Files: map[string]string{"bin/ls": lsScript, "usr/bin/pgrep": pgrepScript, "usr/bin/ipcs": ipcsScript},
+			Modes: map[string]int64{"bin/ls": 0o755, "usr/bin/pgrep": 0o755, "usr/bin/ipcs": 0o755}},
+		{Base: "busybox", Refs: []string{e2e + "nginx:1.14-2"},
+			Files: map[string]string{"usr/sbin/nginx": nginxScript, "www/index.html": "<html><body>nginx stand-in</body></html>\n"},
+			Modes: map[string]int64{"usr/sbin/nginx": 0o755},
+			Edit: func(c *ocispec.ImageConfig) {
+				c.Cmd = []string{"/usr/sbin/nginx", "-g", "daemon off; master process"}
+				c.ExposedPorts = map[string]struct{}{"80/tcp": {}}
+			}},
+		// e2e-test-images/nonewprivs: a setuid-root program printing its euid.
+		{Base: "busybox", Refs: []string{e2e + "nonewprivs:1.3"},
+			Files: map[string]string{"usr/local/bin/nnp": nnp},
+			Modes: map[string]int64{"usr/local/bin/nnp": 0o4755},
+			Edit:  func(c *ocispec.ImageConfig) { c.Cmd = []string{"/usr/local/bin/nnp"} }},
 		// Two names of one image (a file of its own keeps it apart from the
 		// sandbox image: the test counts its tags).
 		{Base: "pause", Refs: []string{"registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9"}, Files: map[string]string{"pause-3.9": ""}},
@@ -104,7 +153,6 @@ func critestImages() []harness.StandIn {
 		ref, name string
 		port      int
 	}{
-		{e2e + "nginx:1.14-2", "nginx", 80},
 		{e2e + "httpd:2.4.39-4", "httpd", 80},
 		{cri + "hostnet-nginx-" + runtime.GOARCH, "hostnet-nginx", 12003},
 	} {
@@ -173,7 +221,11 @@ func run(ctx context.Context, o options) (int, error) {
 	}
 	defer reg.Close()
 	hosts := map[string]bool{}
-	for _, s := range critestImages() {
+	nnp, err := buildNNP(ctx, o.out)
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range critestImages(nnp) {
 		if _, err := reg.PushStandIn(ctx, s); err != nil {
 			return 0, fmt.Errorf("stand-in for %v: %w", s.Refs, err)
 		}
@@ -251,6 +303,23 @@ func run(ctx context.Context, o options) (int, error) {
 		fmt.Printf("critest: handler %-9s %3d passed %3d failed %3d skipped  (%.0fs)\n", h, p, f, s, time.Since(t).Seconds())
 	}
 	return report(os.Stdout, o.handlers, results), nil
+}
+
+// buildNNP builds the nonewprivs stand-in's program, static, and returns it.
+func buildNNP(ctx context.Context, dir string) (string, error) {
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "nnp")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./integration/harness/cmd/lfh-critest/nnp")
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build the nonewprivs stand-in: %v: %s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	return string(b), err
 }
 
 // runCritest runs the suite under one handler and reads its JUnit report.
