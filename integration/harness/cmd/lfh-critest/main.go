@@ -167,7 +167,7 @@ type options struct {
 	critest, bin, out string
 	handlers          []string
 	skip, focus       string
-	keep              bool
+	keep, snapshotter bool
 }
 
 func main() {
@@ -180,6 +180,7 @@ func main() {
 	flag.StringVar(&o.skip, "skip", "", "ginkgo skip regexp passed to critest")
 	flag.StringVar(&o.focus, "focus", "", "ginkgo focus regexp passed to critest")
 	flag.BoolVar(&o.keep, "keep", false, "keep the private containerd's directory")
+	flag.BoolVar(&o.snapshotter, "snapshotter", false, "also run the suite under handler lazyfork-snapshotter: the lazyfork handler with LazyFork's snapshotter (a proxy plugin)")
 	flag.Parse()
 	o.handlers = strings.Split(handlers, ",")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -252,19 +253,33 @@ func run(ctx context.Context, o options) (int, error) {
 			fmt.Fprintf(os.Stderr, "lfh-critest: remove LazyFork root %s: %v\n", root, err)
 		}
 	}()
-	c, err := harness.Start(ctx, harness.Options{
+	lf := harness.Runtime{
+		Name:                 "lazyfork",
+		Type:                 "io.containerd.lazyfork.v1",
+		NoOptions:            true,
+		PodAnnotations:       []string{"lazyfork.io/*"},
+		ContainerAnnotations: []string{"lazyfork.io/*"},
+	}
+	hopts := harness.Options{
 		EnableCRI: true,
 		BinDirs:   []string{o.bin},
 		Env:       []string{"LAZYFORK_ROOT=" + root},
 		HostsDir:  hostsDir,
-		Runtimes: []harness.Runtime{{
-			Name:                 "lazyfork",
-			Type:                 "io.containerd.lazyfork.v1",
-			NoOptions:            true,
-			PodAnnotations:       []string{"lazyfork.io/*"},
-			ContainerAnnotations: []string{"lazyfork.io/*"},
-		}},
-	})
+		Runtimes:  []harness.Runtime{lf},
+	}
+	if o.snapshotter {
+		snRoot, address, stopSn, err := startSnapshotter(o.bin, o.out)
+		if err != nil {
+			return 0, err
+		}
+		defer stopSn()
+		hopts.ProxyPlugins = []harness.ProxyPlugin{{Name: "lazyfork", Address: address, ExportsRoot: snRoot}}
+		sn := lf
+		sn.Name, sn.Snapshotter = "lazyfork-snapshotter", "lazyfork"
+		hopts.Runtimes = append(hopts.Runtimes, sn)
+		o.handlers = append(o.handlers, sn.Name)
+	}
+	c, err := harness.Start(ctx, hopts)
 	if err != nil {
 		return 0, err
 	}
@@ -303,6 +318,51 @@ func run(ctx context.Context, o options) (int, error) {
 		fmt.Printf("critest: handler %-9s %3d passed %3d failed %3d skipped  (%.0fs)\n", h, p, f, s, time.Since(t).Seconds())
 	}
 	return report(os.Stdout, o.handlers, results), nil
+}
+
+// startSnapshotter runs lazyfork-snapshotter under dir until stop.
+func startSnapshotter(bin, dir string) (root, address string, stop func(), _ error) {
+	root, address = filepath.Join(dir, "snapshotter"), filepath.Join(dir, "sn.sock")
+	logf, err := os.Create(filepath.Join(dir, "snapshotter.log"))
+	if err != nil {
+		return "", "", nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), "--root", root, "--address", address)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return "", "", nil, err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	stop = func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if mounts, _ := harness.MountsUnder(root); len(mounts) > 0 {
+			for _, m := range mounts {
+				_ = syscall.Unmount(m, syscall.MNT_DETACH)
+			}
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(address); err == nil {
+			return root, address, stop, nil
+		}
+		select {
+		case <-done:
+			return "", "", nil, fmt.Errorf("lazyfork-snapshotter exited (log %s)", logf.Name())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return "", "", nil, fmt.Errorf("lazyfork-snapshotter not serving %s after 30 s", address)
+		}
+	}
 }
 
 // buildNNP builds the nonewprivs stand-in's program, static, and returns it.
