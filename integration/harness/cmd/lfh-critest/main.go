@@ -179,7 +179,7 @@ func main() {
 	flag.StringVar(&handlers, "handlers", "runc,lazyfork", "CRI runtime handlers to run the suite under, in order")
 	flag.StringVar(&o.skip, "skip", "", "ginkgo skip regexp passed to critest")
 	flag.StringVar(&o.focus, "focus", "", "ginkgo focus regexp passed to critest")
-	flag.BoolVar(&o.keep, "keep", false, "keep the private containerd's directory")
+	flag.BoolVar(&o.keep, "keep", false, "leave the private containerd and LazyFork root in place for inspection (then: go run ./integration/harness/cmd/lfh-reap DIR)")
 	flag.BoolVar(&o.snapshotter, "snapshotter", false, "also run the suite under handler lazyfork-snapshotter: the lazyfork handler with LazyFork's snapshotter (a proxy plugin)")
 	flag.Parse()
 	o.handlers = strings.Split(handlers, ",")
@@ -249,6 +249,10 @@ func run(ctx context.Context, o options) (int, error) {
 		return 0, err
 	}
 	defer func() {
+		if o.keep {
+			fmt.Fprintf(os.Stderr, "lfh-critest: kept LazyFork root %s\n", root)
+			return
+		}
 		if err := harness.RemoveLazyForkRoot(root); err != nil {
 			fmt.Fprintf(os.Stderr, "lfh-critest: remove LazyFork root %s: %v\n", root, err)
 		}
@@ -285,7 +289,7 @@ func run(ctx context.Context, o options) (int, error) {
 	}
 	defer func() {
 		if o.keep {
-			fmt.Fprintf(os.Stderr, "lfh-critest: kept %s\n", c.Dir)
+			fmt.Fprintf(os.Stderr, "lfh-critest: kept %s, containerd running (lfh-reap %s)\n", c.Dir, c.Dir)
 			return
 		}
 		if err := c.Stop(); err != nil {
