@@ -16,7 +16,7 @@ COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-m
 export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
 .PHONY: all help build install uninstall deps images test integration check demo \
-	bench-baseline bench-memfile bench-fork bench-fork-100 bench-refork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity \
+	bench-baseline bench-memfile bench-fork bench-fork-100 bench-refork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity critest \
 	proto proto-check lint clean zdtm
 
 all: build
@@ -100,6 +100,10 @@ zdtm: ## CRIU's zdtm static tests three ways (plain, rewritten, fork of a fork):
 
 fidelity: ## real-CRIU fidelity tests of the memfile rewrite on plain process trees (root)
 	LAZYFORK_INTEGRATION=1 $(GO) test -count=1 -timeout 30m ./fidelity/
+
+critest: build ## Kubernetes CRI validation suite (cri-tools v1.37.0), runc vs lazyfork handler side by side, offline (root; ~5 min)
+	bash scripts/critest.sh $(CURDIR)/$(BINDIR)/critest
+	$(GO) run ./integration/harness/cmd/lfh-critest -critest $(CURDIR)/$(BINDIR)/critest -bin $(CURDIR)/$(BINDIR) $(CRITEST_FLAGS)
 
 proto: ## regenerate proto/ stubs
 	bash proto/generate.sh

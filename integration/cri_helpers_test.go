@@ -32,6 +32,18 @@ type criEnv struct {
 
 func startCRI(t *testing.T) *criEnv {
 	t.Helper()
+	return startCRIWith(t, harness.Runtime{
+		Name:                 criHandler,
+		Type:                 lfRuntime,
+		PodAnnotations:       []string{"lazyfork.io/*"},
+		ContainerAnnotations: []string{"lazyfork.io/*"},
+	})
+}
+
+// startCRIWith is startCRI with the lazyfork handler configured as handler
+// (its Name must be criHandler).
+func startCRIWith(t *testing.T, handler harness.Runtime) *criEnv {
+	t.Helper()
 	// The only directory pods may name checkpoint archives in.
 	archiveDir, err := os.MkdirTemp("/tmp", "lfa-")
 	if err != nil {
@@ -41,12 +53,7 @@ func startCRI(t *testing.T) *criEnv {
 	e := startLF(t, harness.Options{
 		Env:       []string{"LAZYFORK_ARCHIVE_DIRS=" + archiveDir},
 		EnableCRI: true,
-		Runtimes: []harness.Runtime{{
-			Name:                 criHandler,
-			Type:                 lfRuntime,
-			PodAnnotations:       []string{"lazyfork.io/*"},
-			ContainerAnnotations: []string{"lazyfork.io/*"},
-		}},
+		Runtimes:  []harness.Runtime{handler},
 	})
 	ctx := e.ctx(t)
 	if _, err := e.ImportCRIImages(ctx, "", "pause", "python", "busybox"); err != nil {

@@ -38,14 +38,52 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	return &s, nil
 }
 
+// specFileMode is the mode of a bundle's config.json when there is none to
+// keep: what containerd writes (0666 less the usual umask).
+const specFileMode os.FileMode = 0o644
+
 // writeSpec replaces the bundle's config.json atomically: runc must never read
-// half of it.
+// half of it. The new file keeps the mode of the one it replaces (containerd's),
+// and is readable by the container's mapped root when the spec has a user
+// namespace: LazyFork's createContainer hook runs as that user and reads it
+// (containerd gives the bundle directory the same group, mode 0710).
 func writeSpec(bundle string, s *specs.Spec) error {
 	b, err := json.Marshal(s)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(bundle, specFile), b, 0o600)
+	path := filepath.Join(bundle, specFile)
+	mode := specFileMode
+	if fi, err := os.Stat(path); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	gid, mapped := mappedRootGID(s)
+	if mapped {
+		mode |= 0o040
+	}
+	if err := writeFileAtomic(path, b, mode); err != nil {
+		return err
+	}
+	if mapped {
+		if err := os.Chown(path, -1, int(gid)); err != nil {
+			return fmt.Errorf("bundle spec: give %s to the container's root group %d (user namespace): %w", path, gid, err)
+		}
+	}
+	return nil
+}
+
+// mappedRootGID is the host GID of the container's root group when the spec
+// maps IDs (a user namespace), as containerd reads it for the bundle directory.
+func mappedRootGID(s *specs.Spec) (uint32, bool) {
+	if s.Linux == nil {
+		return 0, false
+	}
+	for _, m := range s.Linux.GIDMappings {
+		if m.ContainerID == 0 && m.HostID != 0 {
+			return m.HostID, true
+		}
+	}
+	return 0, false
 }
 
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {

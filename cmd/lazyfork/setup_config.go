@@ -56,7 +56,7 @@ type proxyPluginTOML struct {
 }
 
 type runtimeTOML struct {
-	RuntimeType          string   `toml:"runtime_type"`
+	RuntimeType          string   `toml:"runtime_type" comment:"No [options] table: with one, containerd's CRI cannot start the containers of\nuser-namespace pods (hostUsers: false) under this runtime type (docs/kubernetes.md)."`
 	PodAnnotations       []string `toml:"pod_annotations"`
 	ContainerAnnotations []string `toml:"container_annotations"`
 }
@@ -200,6 +200,8 @@ type elsewhere struct {
 	proxy, runtime  string   // the file defining each, "" if none
 	runtimeAnnots   []string // pod_annotations of the runtime found
 	runtimeCAnnots  []string
+	runtimeType     string // its runtime_type
+	runtimeOptions  bool   // it has an [options] table
 	criDisabled     bool
 	version         int // config.toml's version (0: no file)
 	mainHasImports  bool
@@ -252,6 +254,8 @@ func scanConfig(config, dropIn string) (elsewhere, map[string]any, []byte, error
 				r, _ := rt.(map[string]any)
 				e.runtimeAnnots = stringList(r["pod_annotations"])
 				e.runtimeCAnnots = stringList(r["container_annotations"])
+				e.runtimeType, _ = r["runtime_type"].(string)
+				_, e.runtimeOptions = r["options"]
 			}
 		}
 		pending = append(pending, resolveImports(p, m)...)
@@ -337,6 +341,9 @@ func (a *app) planConfig(o setupOpts, private bool, version int) (*configPlan, e
 		if !slices.Contains(e.runtimeAnnots, lazyforkAnnotations) || !slices.Contains(e.runtimeCAnnots, lazyforkAnnotations) {
 			p.notes = append(p.notes, fmt.Sprintf("config: WARNING: that handler lacks pod_annotations/container_annotations = ['%s']: pods annotated lazyfork.io/fork-of start from scratch under it; add both", lazyforkAnnotations))
 		}
+		if e.runtimeType == api.RuntimeName && e.runtimeOptions {
+			p.notes = append(p.notes, userNSOptionsWarning)
+		}
 	}
 	if d.ProxyPlugins != nil || d.Plugins != nil {
 		if p.dropInBytes, err = toml.Marshal(d); err != nil {
@@ -345,6 +352,13 @@ func (a *app) planConfig(o setupOpts, private bool, version int) (*configPlan, e
 	}
 	return p, nil
 }
+
+// userNSOptionsWarning reports a handler of LazyFork's runtime type with an
+// [options] table: containerd's CRI sends such options as a generic
+// runtimeoptions message, and for a user-namespace pod it sets the task's I/O
+// owner by reading them as runc's, which fails ("can't unmarshal type
+// runtimeoptions.v1.Options"), before the shim is asked.
+const userNSOptionsWarning = "config: WARNING: that handler has an [options] table: containerd cannot start containers of user-namespace pods (hostUsers: false) under it; drop the table (LazyFork's shim takes its settings from its environment), or see docs/kubernetes.md for a handler of runtime_type io.containerd.runc.v2"
 
 // privateMain is a private stack's config.toml: everything under --state and
 // next to --address, so it shares nothing with the node's containerd.

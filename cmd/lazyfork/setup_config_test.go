@@ -183,6 +183,39 @@ imports = ['/etc/containerd/conf.d/*.toml']
 	}
 }
 
+// A handler of LazyFork's runtime type with an [options] table is reported:
+// containerd cannot start user-namespace pods under it. The handler setup
+// writes has none.
+func TestSetupConfigHandlerWithOptions(t *testing.T) {
+	e := newSetupEnv(t)
+	e.write(e.config, `version = 3
+imports = ['/etc/containerd/conf.d/*.toml']
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.lazyfork]
+  runtime_type = 'io.containerd.lazyfork.v1'
+  pod_annotations = ['lazyfork.io/*']
+  container_annotations = ['lazyfork.io/*']
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.lazyfork.options]
+    SystemdCgroup = false
+`)
+	p, err := e.a.planConfig(e.o, false, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(p.notes, "\n"), "user-namespace pods") {
+		t.Errorf("no warning about user-namespace pods: %q", p.notes)
+	}
+
+	fresh := newSetupEnv(t)
+	fresh.run(false)
+	rt, ok := lookup(fresh.tomlOf(dropInPath(fresh.config)), "plugins", criRuntimeV3, "containerd", "runtimes", "lazyfork")
+	if !ok {
+		t.Fatal("drop-in has no CRI handler")
+	}
+	if _, has := rt.(map[string]any)["options"]; has {
+		t.Errorf("setup's handler has an [options] table:\n%s", fresh.read(dropInPath(fresh.config)))
+	}
+}
+
 // A config.toml that is not TOML is not touched.
 func TestSetupConfigInvalid(t *testing.T) {
 	e := newSetupEnv(t)

@@ -19,6 +19,10 @@ type Runtime struct {
 	// others written with %v. Root for runc-like runtimes defaults to the harness's
 	// private runc root.
 	Options map[string]any
+	// NoOptions writes no [options] table (Options is ignored): CRI then
+	// passes no runtime options at all, and the harness gives the LazyFork
+	// shim its private runc root through LAZYFORK_RUNC_ROOT instead.
+	NoOptions bool
 	// PodAnnotations and ContainerAnnotations are passed through to the shim.
 	PodAnnotations       []string
 	ContainerAnnotations []string
@@ -107,6 +111,9 @@ func (c *Containerd) config() string {
 			}
 			if len(r.ContainerAnnotations) > 0 {
 				w("        container_annotations = [%s]", quoteList(r.ContainerAnnotations))
+			}
+			if r.NoOptions {
+				continue
 			}
 			opts := map[string]any{}
 			for k, v := range r.Options {

@@ -96,6 +96,17 @@ type BridgeNetwork struct {
 // a private /24 derived from the harness id) into the harness's CNI conf dir
 // and waits until CRI reports its network ready. Call Remove when done.
 func (c *Containerd) AddBridgeNetwork(ctx context.Context) (*BridgeNetwork, error) {
+	return c.addBridgeNetwork(ctx, false)
+}
+
+// AddBridgeNetworkWithPorts is AddBridgeNetwork with CNI's portmap plugin
+// chained, so that pods' hostPort mappings work (iptables rules, removed with
+// each pod).
+func (c *Containerd) AddBridgeNetworkWithPorts(ctx context.Context) (*BridgeNetwork, error) {
+	return c.addBridgeNetwork(ctx, true)
+}
+
+func (c *Containerd) addBridgeNetwork(ctx context.Context, portmap bool) (*BridgeNetwork, error) {
 	h := sha256.Sum256([]byte(c.ID))
 	n := &BridgeNetwork{
 		Name:   "lfh-" + c.ID,
@@ -116,6 +127,12 @@ func (c *Containerd) AddBridgeNetwork(ctx context.Context) (*BridgeNetwork, erro
 				"dataDir": filepath.Join(c.Dir, "cni", "ipam"),
 			},
 		}},
+	}
+	if portmap {
+		conf["plugins"] = append(conf["plugins"].([]any), map[string]any{
+			"type":         "portmap",
+			"capabilities": map[string]bool{"portMappings": true},
+		})
 	}
 	b, err := json.MarshalIndent(conf, "", "  ")
 	if err != nil {

@@ -142,6 +142,16 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 			return nil, fmt.Errorf("harness: %w", err)
 		}
 	}
+	if opts.EnableCRI {
+		// A pod with its own user namespace (hostUsers: false) reaches its
+		// rootfs as its mapped root: the path must be traversable, as
+		// containerd's own /run/containerd (0711) is.
+		for _, d := range []string{dir, c.State} {
+			if err := os.Chmod(d, 0o711); err != nil {
+				return nil, fmt.Errorf("harness: %w", err)
+			}
+		}
+	}
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(c.config()), 0o600); err != nil {
 		return nil, fmt.Errorf("harness: write config: %w", err)
@@ -207,6 +217,14 @@ func (c *Containerd) daemonEnv() []string {
 		}
 	}
 	env = append(env, "PATH="+strings.Join(dirs, ":"))
+	for _, r := range c.opts.Runtimes {
+		if r.NoOptions {
+			// No [options] to name the private runc root: the LazyFork shim
+			// takes it from its environment (shim.Config.RuncRoot).
+			env = append(env, "LAZYFORK_RUNC_ROOT="+c.RuncRoot)
+			break
+		}
+	}
 	return append(env, c.opts.Env...)
 }
 

@@ -1,10 +1,8 @@
 package harness
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -146,46 +144,11 @@ func (r *Registry) PushImage(ctx context.Context, name, repo, tag string) (m oci
 	if err != nil {
 		return m, md, err
 	}
-	f, err := os.Open(path)
+	m, md, blobs, err := imageArchiveBlobs(path)
 	if err != nil {
-		return m, md, fmt.Errorf("harness: %w", err)
+		return m, md, err
 	}
-	defer f.Close()
-	blobs := map[string][]byte{}
-	var index ocispec.Index
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return m, md, fmt.Errorf("harness: read %s: %w", path, err)
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			return m, md, fmt.Errorf("harness: read %s: %w", path, err)
-		}
-		switch p := strings.TrimPrefix(h.Name, "./"); {
-		case p == "index.json":
-			if err := json.Unmarshal(b, &index); err != nil {
-				return m, md, fmt.Errorf("harness: %s index.json: %w", path, err)
-			}
-		case strings.HasPrefix(p, "blobs/sha256/") && h.Typeflag == tar.TypeReg:
-			blobs["sha256:"+strings.TrimPrefix(p, "blobs/sha256/")] = b
-		}
-	}
-	if len(index.Manifests) != 1 {
-		return m, md, fmt.Errorf("harness: %s has %d manifests, want 1: %w", path, len(index.Manifests), errdefs.ErrInvalidArgument)
-	}
-	md = index.Manifests[0]
-	mb, ok := blobs[md.Digest.String()]
-	if !ok {
-		return m, md, fmt.Errorf("harness: %s lacks its manifest %s: %w", path, md.Digest, errdefs.ErrNotFound)
-	}
-	if err := json.Unmarshal(mb, &m); err != nil {
-		return m, md, fmt.Errorf("harness: manifest of %s: %w", path, err)
-	}
+	mb := blobs[md.Digest.String()]
 	for _, d := range append([]ocispec.Descriptor{m.Config}, m.Layers...) {
 		b, ok := blobs[d.Digest.String()]
 		if !ok {
