@@ -176,7 +176,7 @@ func (h *harness) verifyAll(ps []*proc, markers []uint64) {
 			h.t.Errorf("%s: mremap growth of a region did not read zeros: %s", p.name, v.Line)
 		}
 		if nb := v.Fields["mremap_neighbour"]; nb != "" && nb != "ok" {
-			// Known limit (memfile doc, FACTS #7): growing part of a VMA the kernel
+			// Known limit (memfile doc, the merged-VMA case): growing part of a VMA the kernel
 			// merged before the dump shows the neighbour's bytes. Counted, not failed.
 			h.exposed++
 		}

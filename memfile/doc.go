@@ -66,7 +66,7 @@
 //     file is as long as all its slots.
 //   - No two VMAs map adjacent file offsets, so the kernel never merges two
 //     of them into one VMA whose growth would expose the neighbour's bytes
-//     (FACTS #7, the bug of the hand-made layout).
+//     (the bug of an earlier layout with adjacent slots).
 //   - Holes cost nothing until touched. A read of a hole inside a VMA (a
 //     page the process never touched) allocates a page in the file (shmem
 //     semantics), charged to the copy that touched it; pages that were in the
@@ -163,7 +163,7 @@
 // holder lists it and no process maps it (GC scans /proc/*/maps for the
 // file's device and inode, so even a copy nobody registered pins its files:
 // unlinking a file under a running copy would make its next dump fail,
-// FACTS #3). Holders:
+// CRIU cannot dump a mapping of an unlinked file). Holders:
 //   - "snapshot:<imageDir>": alive while imageDir/lazyfork.json names the
 //     family (the default holder of a rewrite);
 //   - "pid:<pid>": alive while that process lives (its start time is
@@ -230,7 +230,7 @@
 //
 // Programs that count on MADV_DONTNEED zeroing memory: in a copy, DONTNEED
 // on a private file mapping brings back the file's bytes, not zeros. jemalloc
-// does (FACTS), and so does the Go runtime from Go 1.26 on: it treats
+// does (docs/allocators.md), and so does the Go runtime from Go 1.26 on: it treats
 // scavenged pages as already zeroed (runtime/mheap.go, initSpan) and hands
 // out stale bytes in a copy (measured: the goheap workload fails its zero
 // check in every copy). The madvise guard of package memfile/madvguard,

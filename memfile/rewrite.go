@@ -27,7 +27,8 @@ import (
 // rewritten VMA owns one slot: its pages at the start, then holes up to the
 // next slot, so an mremap growth of up to SlotSize reads zeros (a hole costs
 // nothing until touched), and no two VMAs ever map adjacent file offsets, so
-// the kernel can never merge a neighbour into a region (FACTS #7).
+// the kernel can never merge a neighbour into a region (an earlier layout
+// with adjacent slots let a merged VMA's growth expose its neighbour's bytes).
 const SlotSize int64 = 1 << 40
 
 // DefaultRebaseRatio: a delta larger than this share of the pages it sits on

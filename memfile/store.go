@@ -419,7 +419,7 @@ func (s *Store) gcLocked(ctx context.Context, family string) ([]string, error) {
 	}
 	// A process that maps a file pins it even without a reference (a copy
 	// restored by someone who forgot to Ref): removing the file would make
-	// that copy undumpable (FACTS #3).
+	// that copy undumpable (CRIU cannot dump a mapping of an unlinked file).
 	for k := range mappedFiles(candidates) {
 		delete(candidates, k)
 	}
