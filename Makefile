@@ -63,7 +63,7 @@ integration: build ## every test, including those needing root, CRIU and a real 
 	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
 	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) -C bench test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
 
-check: deps images lint integration ## what CI runs: install what is missing, then every test
+check: deps images lint integration critest ## what CI runs: install what is missing, then every test and the CRI conformance suite
 
 demo: deps images build ## the main job: a private stack, a running container forked (scripts/demo.sh)
 	bash scripts/demo.sh
@@ -101,7 +101,7 @@ zdtm: ## CRIU's zdtm static tests three ways (plain, rewritten, fork of a fork):
 fidelity: ## real-CRIU fidelity tests of the memfile rewrite on plain process trees (root)
 	LAZYFORK_INTEGRATION=1 $(GO) test -count=1 -timeout 30m ./fidelity/
 
-critest: build ## Kubernetes CRI validation suite (cri-tools v1.37.0), runc vs lazyfork handler side by side, offline (root; ~5 min)
+critest: build ## Kubernetes CRI validation suite (cri-tools v1.37.0), runc vs lazyfork handler side by side, offline (root; ~5 min, part of make check)
 	bash scripts/critest.sh $(CURDIR)/$(BINDIR)/critest
 	$(GO) run ./integration/harness/cmd/lfh-critest -critest $(CURDIR)/$(BINDIR)/critest -bin $(CURDIR)/$(BINDIR) $(CRITEST_FLAGS)
 
