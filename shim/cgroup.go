@@ -14,6 +14,8 @@ import (
 	cgroupsv2 "github.com/containerd/cgroups/v3/cgroup2"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 const cgroupRoot = "/sys/fs/cgroup"
@@ -70,7 +72,7 @@ func killCgroup(cgroupsPath string) int {
 // criu-root bind of the rootfs in its state directory <root>/<ns>/<id>.
 // CRIU and runc remove both themselves when they end normally.
 func unmountRestoreLeftovers(ctx context.Context, ns, id string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := procfs.Mounts()
 	if err != nil {
 		return
 	}
@@ -79,12 +81,8 @@ func unmountRestoreLeftovers(ctx context.Context, ns, id string) {
 	yards := []string{"/" + id + "/.criu.cgyard.", "/." + id + "/.criu.cgyard."}
 	criuRoot := "/" + ns + "/" + id + "/criu-root"
 	var found []string
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 5 {
-			continue
-		}
-		if m := f[4]; strings.Contains(m, yards[0]) || strings.Contains(m, yards[1]) || strings.HasSuffix(m, criuRoot) {
+	for _, mnt := range ms {
+		if m := mnt.Point; strings.Contains(m, yards[0]) || strings.Contains(m, yards[1]) || strings.HasSuffix(m, criuRoot) {
 			found = append(found, m)
 		}
 	}

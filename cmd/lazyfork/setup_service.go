@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // How setup runs LazyFork's daemons. Where systemd is PID 1 (and the node's own
@@ -348,19 +349,14 @@ func (a *app) purge(o setupOpts) error {
 // removeRoot unmounts everything under the LazyFork root (its tmpfs, deepest
 // first), clears the immutable flag memory files carry and removes it.
 func removeRoot(root string) error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := procfs.Mounts()
 	if err != nil {
 		return err
 	}
 	var mounts []string
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeOctal(f[4])
-		if mp == root || strings.HasPrefix(mp, root+"/") {
-			mounts = append(mounts, mp)
+	for _, m := range ms {
+		if m.Point == root || strings.HasPrefix(m.Point, root+"/") {
+			mounts = append(mounts, m.Point)
 		}
 	}
 	for i := len(mounts) - 1; i >= 0; i-- {
@@ -392,22 +388,4 @@ func clearImmutable(p string) {
 		return
 	}
 	_ = unix.IoctlSetPointerInt(int(f.Fd()), unix.FS_IOC_SETFLAGS, int(flags&^fsImmutableFL))
-}
-
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

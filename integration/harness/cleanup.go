@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -21,6 +20,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -198,52 +198,15 @@ type mountEntry struct {
 }
 
 func readMounts() ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := procfs.Mounts()
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
-			continue
-		}
-		e := mountEntry{point: unescapeMount(fields[4]), fstype: fields[sep+1]}
-		if sep+3 < len(fields) {
-			e.super = fields[sep+3]
-		}
-		out = append(out, e)
+	out := make([]mountEntry, len(ms))
+	for i, m := range ms {
+		out[i] = mountEntry{point: m.Point, fstype: m.FSType, super: m.Super}
 	}
-	return out, sc.Err()
-}
-
-// unescapeMount decodes mountinfo's octal escapes (\040 for space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return out, nil
 }
 
 // MountsUnder lists mount points at or below dir, deepest first.

@@ -1,6 +1,6 @@
 // Package procfs reads what LazyFork needs from /proc, in one place: a
 // process's start time (which tells a live process from a reused PID), its
-// state, and its cgroups.
+// state, its cgroups, and the mount table.
 package procfs
 
 import (
@@ -77,4 +77,58 @@ func Cgroup(pid int, controller string) (path string, v1 bool, err error) {
 		return "", false, fmt.Errorf("process %d has no %s cgroup: %w", pid, controller, errdefs.ErrNotFound)
 	}
 	return unified, false, nil
+}
+
+// Mount is one line of /proc/self/mountinfo.
+type Mount struct {
+	Point  string // mount point, unescaped
+	FSType string
+	Super  string // super options, e.g. "rw,memory" for a v1 memory hierarchy
+}
+
+// Mounts reads this process's mount table.
+func Mounts() ([]Mount, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []Mount
+	for l := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(l)
+		sep := -1
+		for i, x := range f {
+			if x == "-" {
+				sep = i
+				break
+			}
+		}
+		if len(f) < 5 || sep < 0 || sep+1 >= len(f) {
+			continue
+		}
+		m := Mount{Point: unescapeMount(f[4]), FSType: f[sep+1]}
+		if sep+3 < len(f) {
+			m.Super = f[sep+3]
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// unescapeMount decodes mountinfo's octal escapes (\040 for a space, ...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

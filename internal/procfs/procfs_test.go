@@ -51,3 +51,20 @@ func TestCgroup(t *testing.T) {
 		t.Errorf("no such process: %v, want not found", err)
 	}
 }
+
+func TestMounts(t *testing.T) {
+	ms, err := Mounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, m := range ms {
+		found = found || m.Point == "/proc" && m.FSType == "proc"
+	}
+	if !found {
+		t.Errorf("no proc mount at /proc in %d mounts", len(ms))
+	}
+	if got := unescapeMount(`/a\040b\134c`); got != `/a b\c` {
+		t.Errorf("unescape: %q", got)
+	}
+}
