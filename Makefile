@@ -17,7 +17,7 @@ export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
 .PHONY: all help build install uninstall deps images test integration check demo \
 	bench-baseline bench-memfile bench-fork bench-fork-100 bench-refork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity critest \
-	proto proto-check lint clean zdtm
+	proto proto-check lint clean zdtm zdtm-ci
 
 all: build
 
@@ -63,7 +63,7 @@ integration: build ## every test, including those needing root, CRIU and a real 
 	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
 	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) -C bench test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
 
-check: deps images lint integration critest ## what CI runs: install what is missing, then every test and the CRI conformance suite
+check: deps images lint integration critest zdtm-ci ## what CI runs: install what is missing, then every test, the CRI conformance suite and CRIU's zdtm subset
 
 demo: deps images build ## the main job: a private stack, a running container forked (scripts/demo.sh)
 	bash scripts/demo.sh
@@ -97,6 +97,9 @@ bench-rewrite: ## memfile rewrite throughput vs cp, restore vs plain CRIU (go te
 
 zdtm: ## CRIU's zdtm static tests three ways (plain, rewritten, fork of a fork): CSV + summary; root (ZDTM_LIST=zdtm/ci.list: the CI subset)
 	$(GO) run ./zdtm -list $(ZDTM_LIST) $(ZDTM_FLAGS)
+
+zdtm-ci: ## the CI subset of make zdtm (zdtm/ci.list, about a minute once built)
+	$(GO) run ./zdtm -list zdtm/ci.list $(ZDTM_FLAGS)
 
 fidelity: ## real-CRIU fidelity tests of the memfile rewrite on plain process trees (root)
 	LAZYFORK_INTEGRATION=1 $(GO) test -count=1 -timeout 30m ./fidelity/
