@@ -26,14 +26,7 @@ import (
 func TestManyMappingsFork(t *testing.T) {
 	e := startLF(t, harness.Options{})
 	ctx := e.ctx(t)
-	repo, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "altmaps")
-	if out, err := exec.Command("gcc", "-static", "-O2", "-o", bin, filepath.Join(repo, "fidelity/testdata/altmaps.c")).CombinedOutput(); err != nil {
-		t.Skipf("gcc -static altmaps.c: %v\n%s", err, out)
-	}
+	bin := staticProgram(t, "fidelity/testdata/altmaps.c")
 	img, err := e.ImportImage(ctx, "busybox")
 	if err != nil {
 		t.Fatal(err)
@@ -80,4 +73,20 @@ func TestManyMappingsFork(t *testing.T) {
 	grand := fork(child)
 	verify(grand)
 	verify(parent)
+}
+
+// staticProgram compiles the C program at src (relative to the repository)
+// into a static binary in a temporary directory, for a busybox container; a
+// machine without a static C toolchain skips the test.
+func staticProgram(t *testing.T, src string) string {
+	t.Helper()
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c"))
+	if out, err := exec.Command("gcc", "-static", "-O2", "-o", bin, filepath.Join(repo, src)).CombinedOutput(); err != nil {
+		t.Skipf("gcc -static %s: %v\n%s", filepath.Base(src), err, out)
+	}
+	return bin
 }

@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,14 +47,7 @@ func lastPurges(t *testing.T, path string) map[string]string {
 func TestZeroModeExact(t *testing.T) {
 	e := startLF(t, harness.Options{})
 	ctx := e.ctx(t)
-	repo, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "purgeloop")
-	if out, err := exec.Command("gcc", "-static", "-O2", "-o", bin, filepath.Join(repo, "memfile/madvguard/testdata/purgeloop.c")).CombinedOutput(); err != nil {
-		t.Skipf("gcc -static purgeloop.c: %v\n%s", err, out)
-	}
+	bin := staticProgram(t, "memfile/madvguard/testdata/purgeloop.c")
 	img, err := e.ImportImage(ctx, "busybox")
 	if err != nil {
 		t.Fatal(err)
