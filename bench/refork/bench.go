@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -14,12 +13,9 @@ import (
 	"sync"
 	"time"
 
-	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
-	runcopts "github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
-	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
@@ -207,18 +203,8 @@ func (b *bench) plain(ctx context.Context, heapMiB int) error {
 		if err != nil {
 			return err
 		}
-		opts, err := typeurl.MarshalAnyToProto(&runcopts.CheckpointOptions{ImagePath: dir})
+		paused, err := ctrbench.PausedCheckpoint(ctx, b.h.Client(), parent, dir)
 		if err != nil {
-			return err
-		}
-		t0 := time.Now()
-		if err := parent.Task.Pause(ctx); err != nil {
-			return err
-		}
-		_, cerr := b.h.Client().TaskService().Checkpoint(ctx, &tasksapi.CheckpointTaskRequest{ContainerID: parent.ID, Options: opts})
-		rerr := parent.Task.Resume(ctx)
-		paused := time.Since(t0)
-		if err := errors.Join(cerr, rerr); err != nil {
 			os.RemoveAll(dir)
 			return err
 		}

@@ -19,9 +19,11 @@ import (
 	"sync"
 	"time"
 
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
 
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
@@ -155,6 +157,23 @@ func Checkpoint(ctx context.Context, task client.Task, dir string) (time.Duratio
 		return 0, fmt.Errorf("ctrbench: checkpoint: %w", err)
 	}
 	return time.Since(start), nil
+}
+
+// PausedCheckpoint is a plain runc checkpoint as LazyFork's snapshots are
+// timed: the task paused, dumped into dir (leave running), resumed; it
+// returns how long the task was paused.
+func PausedCheckpoint(ctx context.Context, cl *client.Client, c *Counter, dir string) (time.Duration, error) {
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{ImagePath: dir})
+	if err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	if err := c.Task.Pause(ctx); err != nil {
+		return 0, err
+	}
+	_, cerr := cl.TaskService().Checkpoint(ctx, &tasksapi.CheckpointTaskRequest{ContainerID: c.ID, Options: opts})
+	rerr := c.Task.Resume(ctx)
+	return time.Since(t0), errors.Join(cerr, rerr)
 }
 
 // ImageSize sums the sizes of the files under dir, and of the pages-*.img
