@@ -55,6 +55,8 @@ type Service struct {
 	containers map[string]*container // by container id, guarded by mu
 	thawed     map[string]bool       // tasks thawed by a checkpoint, whose next Resume is done; guarded by mu
 	oomWatcher oom.Watcher           // for restored tasks, guarded by mu
+
+	trim heapTrimmer
 }
 
 // container is LazyFork's view of one task served by this shim.
@@ -401,6 +403,7 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if !restoring {
 		return resp, err
 	}
+	defer s.trim.soon()
 	log.G(ctx).WithFields(log.Fields{"id": r.ID, "restore": time.Since(t0)}).Debug("lazyfork: restored")
 	if err == nil && timedOut() {
 		// The restore finished as the timer fired: what it made was killed.
@@ -529,6 +532,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		}
 		r.Options = a
 	}
+	defer s.trim.soon()
 	st, err := s.stateOf(ctx, r.ID)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
