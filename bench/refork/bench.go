@@ -330,6 +330,11 @@ func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 	fmt.Fprintf(os.Stderr, "  %d forks: parent %.1f MB + forks %.1f MB + tmpfs %.1f MB + shims %.1f MB = %.1f MB (shmem charged to these cgroups %.1f MB)\n",
 		t.forks, float64(t.parent.cgroup)/1e6, float64(t.forksCgroup)/1e6, float64(t.tmpfs)/1e6, float64(t.shimPss)/1e6,
 		float64(t.sum())/1e6, float64(t.parent.shmem+t.forksShmem)/1e6)
+	for _, pid := range harness.ShimPIDs(b.env.H.Address) {
+		if m, err := ctrbench.ReadProcMemory(pid); err == nil {
+			fmt.Fprintf(os.Stderr, "    shim %d: rss %.1f MB, private anonymous %.1f MB, pss %.1f MB\n", pid, float64(m.RSS)/1e6, float64(m.RssAnon)/1e6, float64(m.Pss)/1e6)
+		}
+	}
 	return nil
 }
 

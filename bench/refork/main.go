@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -44,8 +45,13 @@ func main() {
 	totalForks := flag.Int("total-forks", 100, "forks made at once for the totals")
 	plainRuns := flag.Int("plain-runs", 3, "plain runc checkpoints per heap size (median reported)")
 	keepForks := flag.Bool("keep-forks", false, "keep each call's fork running until the parent's configuration ends (off-mode forks each hold a whole heap file)")
+	modeList := flag.String("modes", strings.Join(modes, ","), "series to run per heap size")
 	out := flag.String("out", "", "results directory (default: bench/results in the source tree)")
 	flag.Parse()
+	if err := selectModes(*modeList); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-refork:", err)
+		os.Exit(2)
+	}
 	cfg := config{calls: *calls, writePages: *writeKiB / 4, totalForks: *totalForks, plainRuns: *plainRuns, keepForks: *keepForks}
 	var err error
 	if cfg.heaps, err = sizes(*heaps); err == nil {
@@ -67,6 +73,26 @@ type config struct {
 	totalForks        int
 	plainRuns         int
 	keepForks         bool
+}
+
+// selectModes narrows modes to the comma-separated list, keeping their order.
+func selectModes(list string) error {
+	var keep []string
+	for _, m := range strings.Split(list, ",") {
+		m = strings.TrimSpace(m)
+		if m == "" {
+			continue
+		}
+		if !slices.Contains(modes, m) {
+			return fmt.Errorf("unknown mode %q (modes: %s)", m, strings.Join(modes, ", "))
+		}
+		keep = append(keep, m)
+	}
+	if len(keep) == 0 {
+		return fmt.Errorf("-modes names no mode")
+	}
+	modes = keep
+	return nil
 }
 
 func sizes(list string) ([]int, error) {
