@@ -222,20 +222,27 @@ func checkStore(t *testing.T, s *memfile.Store, dir, family string) {
 	}
 }
 
+// tinyFaultEnv unpacks the committed tiny dump and opens a store for it:
+// the image directory, the image's hash, the store.
+func tinyFaultEnv(t *testing.T) (dir, hash string, s *memfile.Store) {
+	dir = memfile.ExtractDump(t, "tiny.tar.gz")
+	root := t.TempDir()
+	t.Cleanup(func() { memfile.RemoveAll(root) })
+	s, err := memfile.OpenStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, treeHash(t, dir), s
+}
+
 // TestRewriteFaults: a rewrite that fails at any step of its commit leaves
 // the old image exactly as it was, no file in the family and no holder; a
 // rewrite of it then succeeds. Root-free (the committed tiny dump).
 func TestRewriteFaults(t *testing.T) {
 	for _, point := range memfile.FaultPoints[:len(memfile.FaultPoints)-1] {
 		t.Run(point, func(t *testing.T) {
-			dir := memfile.ExtractDump(t, "tiny.tar.gz")
-			orig := treeHash(t, dir)
-			root := t.TempDir()
-			t.Cleanup(func() { memfile.RemoveAll(root) })
-			s, err := memfile.OpenStore(root)
-			if err != nil {
-				t.Fatal(err)
-			}
+			dir, orig, s := tinyFaultEnv(t)
+			root := s.Root()
 			injected := errors.New("injected")
 			var reached []string
 			memfile.SetFault(s, func(p string) error {
@@ -245,7 +252,7 @@ func TestRewriteFaults(t *testing.T) {
 				}
 				return nil
 			})
-			_, err = s.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: "fam", MapDir: "/mem"})
+			_, err := s.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: "fam", MapDir: "/mem"})
 			if !errors.Is(err, injected) || reached[len(reached)-1] != point {
 				t.Fatalf("rewrite with a fault at %s: %v (reached %v)", point, err, reached)
 			}
@@ -272,17 +279,11 @@ func TestRewriteKilled(t *testing.T) {
 	self, _ := os.Executable()
 	for i, point := range memfile.FaultPoints {
 		t.Run(point, func(t *testing.T) {
-			dir := memfile.ExtractDump(t, "tiny.tar.gz")
-			orig := treeHash(t, dir)
-			root := t.TempDir()
-			t.Cleanup(func() { memfile.RemoveAll(root) })
-			s, err := memfile.OpenStore(root)
-			if err != nil {
-				t.Fatal(err)
-			}
+			dir, orig, s := tinyFaultEnv(t)
+			root := s.Root()
 			cmd := exec.Command(self, "-test.run=^$")
 			cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join([]string{root, dir, "fam", "/mem", point}, "|"))
-			err = cmd.Run()
+			err := cmd.Run()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 				t.Fatalf("the rewrite was not killed at %s: %v", point, err)
