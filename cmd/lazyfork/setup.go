@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -9,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -304,18 +301,6 @@ func containerdUp(ctx context.Context, addr string) (string, bool) {
 }
 
 func halfOfRAM() int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fld := strings.Fields(sc.Text())
-		if len(fld) >= 2 && fld[0] == "MemTotal:" {
-			kb, _ := strconv.ParseInt(fld[1], 10, 64)
-			return kb << 10 / 2
-		}
-	}
-	return 0
+	total, _ := procfs.MemInfo("MemTotal")
+	return total / 2
 }

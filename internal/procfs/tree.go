@@ -222,3 +222,16 @@ func HasArg(args []string, value string, flags ...string) bool {
 	}
 	return false
 }
+
+// MemInfo returns a field of /proc/meminfo ("MemTotal", "MemAvailable"...)
+// in bytes. A missing field is an error wrapping errdefs.ErrNotFound.
+func MemInfo(field string) (int64, error) {
+	var v int64 = -1
+	if err := scanKB("/proc/meminfo", map[string]*int64{field + ":": &v}); err != nil {
+		return 0, err
+	}
+	if v < 0 {
+		return 0, fmt.Errorf("no %s in /proc/meminfo: %w", field, errdefs.ErrNotFound)
+	}
+	return v, nil
+}

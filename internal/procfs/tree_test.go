@@ -51,3 +51,15 @@ func TestTreeFindMem(t *testing.T) {
 		t.Errorf("Status Pid = %q, %v", v, err)
 	}
 }
+
+// MemTotal is there and larger than MemAvailable; a made-up field is not.
+func TestMemInfo(t *testing.T) {
+	total, err := MemInfo("MemTotal")
+	avail, err2 := MemInfo("MemAvailable")
+	if err != nil || err2 != nil || total <= 0 || avail <= 0 || avail > total {
+		t.Errorf("MemTotal %d (%v), MemAvailable %d (%v)", total, err, avail, err2)
+	}
+	if _, err := MemInfo("NoSuchField"); !errdefs.IsNotFound(err) {
+		t.Errorf("missing field: %v", err)
+	}
+}
