@@ -1,12 +1,10 @@
 package client
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 
 	v1 "github.com/containerd/cgroups/v3/cgroup1/stats"
 	v2 "github.com/containerd/cgroups/v3/cgroup2/stats"
@@ -15,6 +13,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // DefaultMaxForks bounds the forks one Fork call makes (WithMaxForks,
@@ -124,22 +124,8 @@ func taskAnonMemory(ctx context.Context, task containerd.Task) (uint64, error) {
 
 // memAvailable is MemAvailable of /proc/meminfo, in bytes.
 func memAvailable() (uint64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				return 0, err
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo: %w", errdefs.ErrNotFound)
+	v, err := procfs.MemInfo("MemAvailable")
+	return uint64(v), err
 }
 
 // maxForksFromEnv is LAZYFORK_MAX_FORKS, or DefaultMaxForks.

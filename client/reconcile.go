@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -376,17 +378,10 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 // of the namespace runs in (its working directory).
 func (c *Client) saveRestoreLog(ctx context.Context, id string) string {
 	ns, _ := namespaces.Namespace(ctx)
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-lazyfork") {
-			continue
-		}
-		cwd, err := os.Readlink(filepath.Join(filepath.Dir(p), "cwd"))
+	for _, p := range procfs.Find(func(args []string) bool {
+		return strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-lazyfork")
+	}) {
+		cwd, err := os.Readlink("/proc/" + strconv.Itoa(p.PID) + "/cwd")
 		if err != nil || filepath.Base(filepath.Dir(cwd)) != ns {
 			continue
 		}

@@ -9,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/internal/workloads"
-	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -207,9 +209,9 @@ func (h *harness) mark(p *proc) uint64 {
 	return v
 }
 
-func (h *harness) mem(p *proc) criurun.Mem {
+func (h *harness) mem(p *proc) procfs.Mem {
 	h.t.Helper()
-	m, err := criurun.TreeMem(p.pid)
+	m, err := procfs.TreeMem(p.pid)
 	if err != nil {
 		h.t.Fatalf("%s: %v", p.name, err)
 	}

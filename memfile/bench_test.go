@@ -11,6 +11,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/criuimg"
 	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -85,7 +86,7 @@ func BenchmarkRestore(b *testing.B) {
 					b.Fatal(err)
 				}
 				lazy += r.Duration
-				m, _ := criurun.TreeMem(r.PID)
+				m, _ := procfs.TreeMem(r.PID)
 				anonLazy += m.RssAnon
 				kill(r.PID)
 				r, err = criurun.Restore(context.Background(), plain, criurun.RestoreOptions{})
@@ -93,7 +94,7 @@ func BenchmarkRestore(b *testing.B) {
 					b.Fatal(err)
 				}
 				orig += r.Duration
-				m, _ = criurun.TreeMem(r.PID)
+				m, _ = procfs.TreeMem(r.PID)
 				anonPlain += m.RssAnon
 				kill(r.PID)
 			}

@@ -208,9 +208,9 @@ const copyChunkPar = 16 << 20
 // CPU (at most 4): one core does not saturate memory bandwidth when copying
 // from the page cache into tmpfs. Each worker has its own descriptor of the
 // memory file, since sendfile writes at the file position.
-func (rw *rewriter) flush() error {
-	jobs := rw.jobs
-	rw.jobs = nil
+func (l *layout) flush() error {
+	jobs := l.jobs
+	l.jobs = nil
 	var chunks []copyJob
 	var total int64
 	for _, j := range jobs {
@@ -223,7 +223,7 @@ func (rw *rewriter) flush() error {
 	workers := min(runtime.NumCPU(), 4, len(chunks))
 	if workers <= 1 || total < 2*copyChunkPar {
 		for _, c := range chunks {
-			if err := rw.cp.copy(rw.mem, c.doff, c.src, c.soff, c.n); err != nil {
+			if err := l.cp.copy(l.mem, c.doff, c.src, c.soff, c.n); err != nil {
 				return err
 			}
 		}
@@ -237,7 +237,7 @@ func (rw *rewriter) flush() error {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			dst, err := os.OpenFile(rw.memTmp, os.O_WRONLY, 0)
+			dst, err := os.OpenFile(l.mf.file.path, os.O_WRONLY, 0)
 			if err != nil {
 				errs[w] = err
 				for range next {
@@ -260,7 +260,7 @@ func (rw *rewriter) flush() error {
 	close(next)
 	wg.Wait()
 	for w := range written {
-		rw.parWritten += written[w]
+		l.mf.written += written[w]
 	}
 	return errors.Join(errs...)
 }

@@ -155,6 +155,18 @@
 // writer is gone, a holder whose image has no lazyfork.json) are removed by
 // the next rewrite of that directory and by GC.
 //
+// # The phases
+//
+// Store.Rewrite runs five phases, each a function of what the previous ones
+// produced: loadDump (load.go) reads the images and classifies every VMA;
+// planVMAs (plan.go) decides what converts and whether to rebase;
+// writeMemory (layout.go, copy.go) lays the converted VMAs out in the new
+// memory file, a PendingFile of the store, and copies their pages in;
+// stageImage (stage.go) builds the new image beside the old; and
+// Store.commitRewrite (commit.go) is the store's part: name, seal,
+// reference, swap. The commit has fixed fault points where tests make the
+// rewrite fail or die (faultPoints).
+//
 // # The store and references
 //
 // Files live in <root>/<family>/; references in <root>/.state/<family>/refs,

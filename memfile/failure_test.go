@@ -7,14 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/lazyfork/lazyfork/criuimg"
@@ -164,12 +163,20 @@ func TestBadImages(t *testing.T) {
 
 const crashEnv = "MEMFILE_TEST_CRASH_REWRITE"
 
-// TestMain lets the crash test run a rewrite in a child process it can kill.
+// TestMain lets the crash test run a rewrite in a child process that kills
+// itself at a fault point.
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(crashEnv); spec != "" {
 		f := strings.Split(spec, "|")
 		s, err := memfile.OpenStore(f[0])
 		if err == nil {
+			memfile.SetFault(s, func(point string) error {
+				if point == f[4] {
+					syscall.Kill(os.Getpid(), syscall.SIGKILL)
+					select {}
+				}
+				return nil
+			})
 			_, err = s.Rewrite(context.Background(), f[1], memfile.RewriteOptions{Family: f[2], MapDir: f[3]})
 		}
 		if err != nil {
@@ -181,76 +188,114 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestRewriteKilled: a rewrite killed at any moment leaves either the old
-// image, intact, or the complete snapshot, which restores; GC then removes
-// whatever the dead rewrite left in the family.
-func TestRewriteKilled(t *testing.T) {
-	e := newEnv(t)
-	orig := e.dump(e.start(32, 1))
-	origHash := treeHash(t, orig)
-	self, _ := os.Executable()
-	child := func(dir string) *exec.Cmd {
-		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join([]string{e.store.Root(), dir, e.family, e.famDir}, "|"))
-		cmd.Stderr = os.Stderr
-		return cmd
-	}
-	// How long a whole rewrite takes in a child, to spread the kills over it.
-	full := filepath.Join(e.tmp, "crash-full")
-	copyDir(t, orig, full)
-	t0 := time.Now()
-	if err := child(full).Run(); err != nil {
+// checkStore checks what a failed or killed rewrite of dir left, once GC
+// and a new Rewrite of dir (which completes the old image, or refuses the
+// snapshot) have run: dir is a whole snapshot, nothing lies beside it, and
+// the family holds exactly the snapshot's files, with one holder.
+func checkStore(t *testing.T, s *memfile.Store, dir, family string) {
+	t.Helper()
+	if _, err := s.GC(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	span := time.Since(t0)
-	var sawOld, sawNew bool
-	const kills = 10
-	for i := 0; i < kills; i++ {
-		dir := filepath.Join(e.tmp, fmt.Sprintf("crash-%d", i))
-		copyDir(t, orig, dir)
-		cmd := child(dir)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Duration(rand.Int64N(int64(span) * 12 / 10)))
-		cmd.Process.Signal(syscall.SIGKILL)
-		cmd.Wait()
-		if _, err := memfile.ReadSnapshot(dir); err == nil {
-			sawNew = true
-			checkNoAnonPages(t, dir)
-			if !sawOld || i%4 == 0 {
-				e.verifyTree(e.restore(dir))
-			}
-			continue
-		}
-		if treeHash(t, dir) != origHash {
-			t.Fatalf("kill %d: image is neither the old one nor a snapshot", i)
-		}
-		sawOld = true
-		// The old image still rewrites and restores.
-		if i%4 == 1 {
-			e.rewrite(dir)
-			e.verifyTree(e.restore(dir))
-		}
+	_, err := s.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: family, MapDir: "/mem"})
+	if err != nil && !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("rewrite after the fault: %v", err)
 	}
-	t.Logf("a rewrite takes %v in a child; after kills saw old images: %v, complete snapshots: %v", span, sawOld, sawNew)
-	// Nothing half-written survives a GC, and every live snapshot's files do.
-	if _, err := e.store.GC(context.Background()); err != nil {
+	info, err := memfile.ReadSnapshot(dir)
+	if err != nil {
+		t.Fatalf("no snapshot after the fault: %v", err)
+	}
+	checkNoAnonPages(t, dir)
+	beside, _ := filepath.Glob(dir + "?*")
+	if len(beside) > 0 {
+		t.Errorf("left beside the image: %v", beside)
+	}
+	if _, err := s.GC(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range familyFiles(t, e.famDir) {
-		if strings.HasPrefix(n, ".tmp-") {
-			t.Errorf("left behind: %s", n)
-		}
+	files := familyFiles(t, filepath.Join(s.Root(), family))
+	if !slices.Equal(files, info.Files) {
+		t.Errorf("family holds %v, the snapshot maps %v", files, info.Files)
 	}
-	for i := 0; i < kills; i++ {
-		dir := filepath.Join(e.tmp, fmt.Sprintf("crash-%d", i))
-		if info, err := memfile.ReadSnapshot(dir); err == nil {
-			for _, f := range info.Files {
-				if _, err := os.Stat(filepath.Join(e.famDir, f)); err != nil {
-					t.Errorf("snapshot %s lost its file %s", dir, f)
+	if h, _ := s.Holders(family); len(h) != 1 {
+		t.Errorf("holders %v, want the snapshot's only", h)
+	}
+}
+
+// tinyFaultEnv unpacks the committed tiny dump and opens a store for it:
+// the image directory, the image's hash, the store.
+func tinyFaultEnv(t *testing.T) (dir, hash string, s *memfile.Store) {
+	dir = memfile.ExtractDump(t, "tiny.tar.gz")
+	root := t.TempDir()
+	t.Cleanup(func() { memfile.RemoveAll(root) })
+	s, err := memfile.OpenStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, treeHash(t, dir), s
+}
+
+// TestRewriteFaults: a rewrite that fails at any step of its commit leaves
+// the old image exactly as it was, no file in the family and no holder; a
+// rewrite of it then succeeds. Root-free (the committed tiny dump).
+func TestRewriteFaults(t *testing.T) {
+	for _, point := range memfile.FaultPoints[:len(memfile.FaultPoints)-1] {
+		t.Run(point, func(t *testing.T) {
+			dir, orig, s := tinyFaultEnv(t)
+			root := s.Root()
+			injected := errors.New("injected")
+			var reached []string
+			memfile.SetFault(s, func(p string) error {
+				reached = append(reached, p)
+				if p == point {
+					return injected
 				}
+				return nil
+			})
+			_, err := s.Rewrite(context.Background(), dir, memfile.RewriteOptions{Family: "fam", MapDir: "/mem"})
+			if !errors.Is(err, injected) || reached[len(reached)-1] != point {
+				t.Fatalf("rewrite with a fault at %s: %v (reached %v)", point, err, reached)
 			}
-		}
+			if treeHash(t, dir) != orig {
+				t.Errorf("image changed by a rewrite that failed at %s", point)
+			}
+			if files := familyFiles(t, filepath.Join(root, "fam")); len(files) > 0 {
+				t.Errorf("failed rewrite left %v in the family", files)
+			}
+			if h, _ := s.Holders("fam"); len(h) > 0 {
+				t.Errorf("failed rewrite left holders %v", h)
+			}
+			memfile.SetFault(s, nil)
+			checkStore(t, s, dir, "fam")
+		})
+	}
+}
+
+// TestRewriteKilled: a rewrite killed at any step of its commit leaves the
+// old image, intact, up to the swap and the complete snapshot after it;
+// GC and the next Rewrite of the directory remove whatever the dead rewrite
+// left. Root-free (the committed tiny dump).
+func TestRewriteKilled(t *testing.T) {
+	self, _ := os.Executable()
+	for i, point := range memfile.FaultPoints {
+		t.Run(point, func(t *testing.T) {
+			dir, orig, s := tinyFaultEnv(t)
+			root := s.Root()
+			cmd := exec.Command(self, "-test.run=^$")
+			cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join([]string{root, dir, "fam", "/mem", point}, "|"))
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("the rewrite was not killed at %s: %v", point, err)
+			}
+			_, snapErr := memfile.ReadSnapshot(dir)
+			if swapped := i == len(memfile.FaultPoints)-1; swapped != (snapErr == nil) {
+				t.Fatalf("killed at %s: snapshot in place %v, want %v", point, snapErr == nil, swapped)
+			}
+			if snapErr != nil && treeHash(t, dir) != orig {
+				t.Fatalf("killed at %s: the image is neither the old one nor a snapshot", point)
+			}
+			checkStore(t, s, dir, "fam")
+		})
 	}
 }

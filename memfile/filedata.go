@@ -12,8 +12,9 @@ import (
 	remap "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"github.com/lazyfork/lazyfork/criuimg"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/criuimg"
 )
 
 // magicRemapFpath is CRIU's REMAP_FPATH image magic (criu/include/magic.h).
@@ -45,24 +46,24 @@ type fileCheck struct {
 }
 
 // initFileCheck prepares the checks when RewriteOptions.FileRoot is set.
-func (rw *rewriter) initFileCheck() error {
-	if !filepath.IsAbs(rw.opts.FileRoot) {
-		return fmt.Errorf("FileRoot %q must be an absolute path: %w", rw.opts.FileRoot, errdefs.ErrInvalidArgument)
+func (d *dump) initFileCheck() error {
+	if !filepath.IsAbs(d.opts.FileRoot) {
+		return fmt.Errorf("FileRoot %q must be an absolute path: %w", d.opts.FileRoot, errdefs.ErrInvalidArgument)
 	}
 	// A root that is gone (a container's rootfs unmounted after a dump that
 	// stopped it) only means no file mapping is converted.
-	root, err := os.OpenFile(rw.opts.FileRoot, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	root, err := os.OpenFile(d.opts.FileRoot, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		log.L.WithError(err).Warn("memfile: file root unusable, .data mappings stay file mappings")
 		return nil
 	}
 	fc := &fileCheck{root: root, entries: map[uint32]*fdinfo.FileEntry{}, remapped: map[uint32]bool{},
 		rootMnt: -1, bases: map[uint32]*fileBase{}}
-	rw.fc = fc
-	for _, fe := range rw.files.Entries {
+	d.fc = fc
+	for _, fe := range d.files.Entries {
 		fc.entries[fe.GetId()] = fe
 	}
-	img, err := criuimg.ReadImage(filepath.Join(rw.imageDir, "remap-fpath.img"), magicRemapFpath, criuimg.Of(&remap.RemapFilePathEntry{}))
+	img, err := criuimg.ReadImage(filepath.Join(d.dir, "remap-fpath.img"), magicRemapFpath, criuimg.Of(&remap.RemapFilePathEntry{}))
 	switch {
 	case err == nil:
 		for _, e := range img.Entries {
@@ -71,13 +72,13 @@ func (rw *rewriter) initFileCheck() error {
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return err
 	}
-	fc.mountNS = rw.mountNS
-	for _, m := range rw.mounts {
+	fc.mountNS = d.mountNS
+	for _, m := range d.mounts {
 		if m.path == "/" {
 			fc.rootMnt = m.id
 		}
 	}
-	imgs, _ := filepath.Glob(filepath.Join(rw.imageDir, "*.img"))
+	imgs, _ := filepath.Glob(filepath.Join(d.dir, "*.img"))
 	for _, p := range imgs {
 		st, err := os.Stat(p)
 		if err != nil {

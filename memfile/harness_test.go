@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/memfile"
-	"golang.org/x/sys/unix"
 )
 
 // env is a test's private world: a tmpfs-backed store, the memtest program,
@@ -80,7 +82,7 @@ func (e *env) startChain(heapMiB, children, depth int) int {
 	}
 	e.t.Cleanup(func() { w.Kill() })
 	e.waitFor("workload ready", func() bool {
-		pids, _ := criurun.Tree(w.PID)
+		pids, _ := procfs.Tree(w.PID)
 		if len(pids) != 1+children*depth {
 			return false
 		}
@@ -135,7 +137,7 @@ func (e *env) ask(pid int, sig syscall.Signal, word string) map[string]string {
 // verifyTree asks every process of a tree to check its memory.
 func (e *env) verifyTree(root int) {
 	e.t.Helper()
-	pids, err := criurun.Tree(root)
+	pids, err := procfs.Tree(root)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -183,7 +185,7 @@ func (e *env) restore(dir string) int {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() {
-		pids, _ := criurun.Tree(res.PID)
+		pids, _ := procfs.Tree(res.PID)
 		for i := len(pids) - 1; i >= 0; i-- {
 			criurun.Kill(pids[i])
 		}
@@ -192,7 +194,7 @@ func (e *env) restore(dir string) int {
 }
 
 func kill(root int) {
-	pids, _ := criurun.Tree(root)
+	pids, _ := procfs.Tree(root)
 	for i := len(pids) - 1; i >= 0; i-- {
 		criurun.Kill(pids[i])
 	}
@@ -200,7 +202,7 @@ func kill(root int) {
 
 func rssAnon(t testing.TB, pid int) int64 {
 	t.Helper()
-	m, err := criurun.ProcMem(pid)
+	m, err := procfs.ReadMem(pid)
 	if err != nil {
 		t.Fatal(err)
 	}

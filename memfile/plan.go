@@ -8,8 +8,9 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"github.com/containerd/errdefs"
-	"github.com/lazyfork/lazyfork/criuimg"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/criuimg"
 )
 
 // VMA status bits (criu/include/image.h).
@@ -269,6 +270,67 @@ func pagemapFrom(old *criuimg.Pagemap, runs []run) (*criuimg.Pagemap, []run) {
 		curEnd = r.end()
 	}
 	return pm, merged
+}
+
+// planned is what the plan phase decided besides each VMA's fate
+// (vmaPlan.convert, task.changed): whether to rebase, and how many pages
+// wipe-on-fork drops.
+type planned struct {
+	ratio  float64 // the rebase ratio the layout shares by
+	rebase bool
+	wiped  uint64
+}
+
+// planVMAs decides what happens to every VMA of d, and whether to rebase
+// (phase 2): a delta larger than ratio of the pages it sits on is rebased.
+func planVMAs(d *dump, ratio float64) (planned, error) {
+	pl := planned{ratio: ratio}
+	var delta, shared uint64
+	seen := map[[3]int64]bool{}
+	for _, t := range d.tasks {
+		for _, p := range t.vmas {
+			if p.kind != vmaFamily {
+				continue
+			}
+			for _, r := range p.overlay {
+				delta += r.n
+			}
+			k := [3]int64{int64(p.e.GetShmid()), p.baseOff, int64(p.e.GetEnd() - p.e.GetStart())}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			n, err := d.extents.dataPages(p.base, p.baseOff, int64(p.e.GetEnd()-p.e.GetStart()))
+			if err != nil {
+				return pl, err
+			}
+			shared += n
+		}
+	}
+	pl.rebase = ratio > 0 && delta > 0 && float64(delta) > ratio*float64(shared)
+	for _, t := range d.tasks {
+		for _, p := range t.vmas {
+			switch p.kind {
+			case vmaWipe:
+				// CRIU applies every madvise bit it finds in the image.
+				p.e.Madv = ptr(p.e.GetMadv() | 1<<unix.MADV_WIPEONFORK)
+				for _, r := range p.overlay {
+					pl.wiped += r.n
+				}
+				t.changed = true
+			case vmaAnon:
+				p.convert = len(p.overlay) > 0
+			case vmaFileData:
+				p.convert = true
+			case vmaFamily:
+				p.convert = pl.rebase
+			}
+			if p.convert {
+				t.changed = true
+			}
+		}
+	}
+	return pl, nil
 }
 
 func ptr[T any](v T) *T { return &v }

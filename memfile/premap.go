@@ -56,13 +56,13 @@ func vmaOpens(t *task) int {
 	return n
 }
 
-// writePremap gives every task of the staged image that would need more than
+// writePremap gives every task of d in the staged image that would need more than
 // premapAbove open files at its restore an empty parent pagemap, so that
 // CRIU premaps its mappings (see premapDir). It returns the pids it chose.
-func (rw *rewriter) writePremap() ([]uint32, error) {
+func writePremap(d *dump, staging string) ([]uint32, error) {
 	var pids []uint32
-	dir := filepath.Join(rw.staging, premapDir)
-	for _, t := range rw.tasks {
+	dir := filepath.Join(staging, premapDir)
+	for _, t := range d.tasks {
 		if t.mm == nil || vmaOpens(t) <= premapAbove {
 			continue
 		}

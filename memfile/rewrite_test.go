@@ -6,10 +6,11 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/lazyfork/lazyfork/criuimg"
-	"github.com/lazyfork/lazyfork/internal/criurun"
-	"github.com/lazyfork/lazyfork/memfile"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/criuimg"
+	"github.com/lazyfork/lazyfork/internal/procfs"
+	"github.com/lazyfork/lazyfork/memfile"
 )
 
 const heapMiB = 64
@@ -162,7 +163,7 @@ func TestTreeChain(t *testing.T) {
 		t.Errorf("moved %d pages: the tree's copies of the heap were not shared", res.PagesMoved)
 	}
 	c := e.restore(dir)
-	pids, _ := criurun.Tree(c)
+	pids, _ := procfs.Tree(c)
 	if len(pids) != 4 {
 		t.Fatalf("restored tree %v", pids)
 	}

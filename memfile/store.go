@@ -58,6 +58,10 @@ type Store struct {
 
 	sealOnce sync.Once // probes whether files can be sealed here (sealing)
 	sealOK   bool
+
+	// faultAt, set by tests only, is called at each fault point of a
+	// rewrite (see faultPoints).
+	faultAt func(point string) error
 }
 
 // OpenStore opens (creating) a store at root.

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // Range is the address range [Start, End) of a VMA.
@@ -60,7 +60,7 @@ func (w WipeOnFork) covers(pid uint32, start, end uint64) bool {
 // a process are the only place the kernel shows the advice. A process that
 // exits meanwhile is skipped; a root that is gone is an error.
 func ReadWipeOnFork(root int) (WipeOnFork, error) {
-	pids, err := criurun.Tree(root)
+	pids, err := procfs.Tree(root)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +83,7 @@ func ReadWipeOnFork(root int) (WipeOnFork, error) {
 // readSmapsWipe returns pid's pid in its own namespace and its wipe-on-fork
 // ranges.
 func readSmapsWipe(pid int) (uint32, []Range, error) {
-	nspid, err := criurun.NSPID(pid)
+	nspid, err := procfs.NSPID(pid)
 	if err != nil {
 		return 0, nil, err
 	}

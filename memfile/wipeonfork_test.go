@@ -5,7 +5,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -15,7 +15,7 @@ import (
 func TestWipeOnFork(t *testing.T) {
 	e := newEnv(t)
 	orig := e.start(4, 1)
-	pids, err := criurun.Tree(orig)
+	pids, err := procfs.Tree(orig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestWipeOnFork(t *testing.T) {
 	}
 	for i := 0; i < 2; i++ {
 		c := e.restore(dir)
-		cpids, err := criurun.Tree(c)
+		cpids, err := procfs.Tree(c)
 		if err != nil {
 			t.Fatal(err)
 		}

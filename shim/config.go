@@ -1,8 +1,6 @@
 package shim
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +15,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
@@ -198,20 +197,11 @@ func ConfigFromEnv() (Config, error) {
 
 // halfOfRAM is the default tmpfs size, tmpfs's own default.
 func halfOfRAM() int64 {
-	data, err := os.ReadFile("/proc/meminfo")
+	total, err := procfs.MemInfo("MemTotal")
 	if err != nil {
 		return 1 << 30
 	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) >= 2 && f[0] == "MemTotal:" {
-			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-				return kb * 1024 / 2
-			}
-		}
-	}
-	return 1 << 30
+	return total / 2
 }
 
 // parseMadvise reads a madvise guard mode: refuse, zero, or off (guard=false).

@@ -51,6 +51,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 var modes = []string{"plain", "rewritten", "fork2"}
@@ -387,7 +388,7 @@ func (r *runner) stop(t string, pid int) error {
 		if wp, _ := unix.Wait4(pid, &ws, unix.WNOHANG, nil); wp == pid {
 			return nil
 		}
-		if alive, err := criurun.Alive(pid); err != nil || !alive {
+		if !procfs.Alive(pid) {
 			return nil
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -397,10 +398,10 @@ func (r *runner) stop(t string, pid int) error {
 
 // killTree kills a test's tree (what a failed run left).
 func killTree(pid int) {
-	if alive, err := criurun.Alive(pid); err != nil || !alive {
+	if !procfs.Alive(pid) {
 		return
 	}
-	tree, _ := criurun.Tree(pid)
+	tree, _ := procfs.Tree(pid)
 	for _, p := range tree {
 		unix.Kill(p, unix.SIGKILL)
 	}
@@ -418,17 +419,7 @@ func reapOrphans() {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 2 || f[0] != "Z" || f[1] != strconv.Itoa(me) {
+		if st, err := procfs.ReadStat(p); err != nil || st.State != 'Z' || st.PPID != me {
 			continue
 		}
 		var ws unix.WaitStatus
@@ -454,7 +445,7 @@ type vma struct {
 // visible reads the tree's state; mappings of files under memDir count as
 // anonymous memory.
 func visible(root int, memDir string) (*state, error) {
-	tree, err := criurun.Tree(root)
+	tree, err := procfs.Tree(root)
 	if err != nil {
 		return nil, err
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/lazyfork/lazyfork/bench/internal/report"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
@@ -43,7 +44,7 @@ type row struct {
 	Seconds           float64
 	Ops, Callocs      uint64
 	BadCalloc, BadPat uint64
-	Mem               criurun.Mem
+	Mem               procfs.Mem
 	Zeroed, Refused   uint64
 	UsPerStop         float64
 }
@@ -143,7 +144,7 @@ func runConfig(ctx context.Context, store *memfile.Store, bins map[string]string
 	work string, forks int, watch time.Duration, mib, threads int) ([]row, error) {
 	var opts []allocators.RunOptions
 	var mu sync.Mutex
-	mems := map[string]map[string]criurun.Mem{}
+	mems := map[string]map[string]procfs.Mem{}
 	for _, m := range modes {
 		var mode *madvguard.Mode
 		if m != "unguarded" {
@@ -155,13 +156,13 @@ func runConfig(ctx context.Context, store *memfile.Store, bins map[string]string
 		if err != nil {
 			return nil, err
 		}
-		mems[m] = map[string]criurun.Mem{}
+		mems[m] = map[string]procfs.Mem{}
 		opts = append(opts, allocators.RunOptions{
 			Config: cfg, Bins: bins, Dir: filepath.Join(work, cfg.Name+"-"+m), Prepare: prep,
 			Forks: forks, Warmup: 3 * time.Second, Watch: watch, Threads: threads, MiB: mib,
 			Supervise: m == "zero",
 			Sample: func(role string, pid int) {
-				mem, _ := criurun.ProcMem(pid)
+				mem, _ := procfs.ReadMem(pid)
 				mu.Lock()
 				mems[m][role] = mem
 				mu.Unlock()

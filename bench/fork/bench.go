@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfork/lazyfork/bench/internal/report"
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/internal/cgroupmem"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -78,7 +79,7 @@ func (b *bench) memory(ctx context.Context, ctr containerd.Container) (int64, er
 	if err != nil {
 		return 0, err
 	}
-	return harness.MemoryUsage(spec.Linux.CgroupsPath)
+	return cgroupmem.Usage(spec.Linux.CgroupsPath)
 }
 
 func (b *bench) logIO() lfclient.ForkOpt {

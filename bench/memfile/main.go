@@ -27,11 +27,13 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfork/lazyfork/bench/internal/report"
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/internal/workloads"
-	"golang.org/x/sys/unix"
 )
 
 type config struct {
@@ -66,7 +68,7 @@ type row struct {
 	Restore10Max  time.Duration
 	MemCopies     int // how many copies the memory columns average over
 
-	After, After5s criurun.Mem // per copy, mean
+	After, After5s procfs.Mem // per copy, mean
 	Note           string
 }
 
@@ -280,17 +282,17 @@ func restores(ctx context.Context, c *config, l *memloop.Loop, img, outDir strin
 	return l.Kill(cs...)
 }
 
-func meanMem(cs []*memloop.Copy) (criurun.Mem, error) {
-	var sum criurun.Mem
+func meanMem(cs []*memloop.Copy) (procfs.Mem, error) {
+	var sum procfs.Mem
 	for _, cp := range cs {
-		m, err := criurun.TreeMem(cp.PID)
+		m, err := procfs.TreeMem(cp.PID)
 		if err != nil {
 			return sum, fmt.Errorf("copy %d: %w", cp.PID, err)
 		}
 		sum = sum.Add(m)
 	}
 	n := int64(len(cs))
-	return criurun.Mem{RssAnon: sum.RssAnon / n, RssFile: sum.RssFile / n, RssShmem: sum.RssShmem / n,
+	return procfs.Mem{RssAnon: sum.RssAnon / n, RssFile: sum.RssFile / n, RssShmem: sum.RssShmem / n,
 		Pss: sum.Pss / n, PssAnon: sum.PssAnon / n, PssShmem: sum.PssShmem / n}, nil
 }
 

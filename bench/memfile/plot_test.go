@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // The plot and CSV come out of any set of rows, including an empty measurement.
@@ -16,8 +16,8 @@ func TestPlotAndCSV(t *testing.T) {
 	for i, h := range []int{64, 256, 1024, 2048} {
 		rows = append(rows,
 			row{HeapMiB: h, Mode: "memfile", Restore1: 30 * time.Millisecond, Restore10Mean: 50 * time.Millisecond,
-				After: criurun.Mem{RssAnon: 300 << 10}, After5s: criurun.Mem{Pss: int64(i+1) << 20, RssShmem: 2 << 20}},
-			row{HeapMiB: h, Mode: "plain", Restore1: time.Duration(h) * time.Millisecond, After: criurun.Mem{RssAnon: int64(h) << 20}})
+				After: procfs.Mem{RssAnon: 300 << 10}, After5s: procfs.Mem{Pss: int64(i+1) << 20, RssShmem: 2 << 20}},
+			row{HeapMiB: h, Mode: "plain", Restore1: time.Duration(h) * time.Millisecond, After: procfs.Mem{RssAnon: int64(h) << 20}})
 	}
 	dir := t.TempDir()
 	p := filepath.Join(dir, "x.png")

@@ -23,6 +23,7 @@ import (
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/integration/workloads"
+	"github.com/lazyfork/lazyfork/internal/cgroupmem"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -398,32 +399,10 @@ func parentMem(cgroupsPath string, pid int) memSample {
 // shmem (tmpfs: memory files charged to it) bytes; cgroup v1 or v2.
 func cgroupMem(p string) memSample {
 	var m memSample
-	m.cgroup, _ = harness.MemoryUsage(p)
-	for _, f := range []string{
-		filepath.Join("/sys/fs/cgroup/memory", p, "memory.stat"),
-		filepath.Join("/sys/fs/cgroup", p, "memory.stat"),
-	} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			k, v, ok := strings.Cut(l, " ")
-			if !ok {
-				continue
-			}
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				continue
-			}
-			switch k {
-			case "rss", "anon": // v1, v2
-				m.anon = n
-			case "shmem":
-				m.shmem = n
-			}
-		}
-		break
+	m.cgroup, _ = cgroupmem.Usage(p)
+	if st, err := cgroupmem.Stat(p); err == nil {
+		m.anon = st["anon"] + st["rss"] // v2, v1
+		m.shmem = st["shmem"]
 	}
 	return m
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/internal/workloads"
 )
 
@@ -27,7 +28,7 @@ type copyRow struct {
 	gen   int
 	idx   int
 	copy  *memloop.Copy
-	mem   criurun.Mem
+	mem   procfs.Mem
 	check string
 }
 
@@ -102,7 +103,7 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 	source, what := c.pid, ""
 	switch {
 	case c.pid != 0:
-		ok, err := criurun.IsPIDNSInit(c.pid)
+		ok, err := procfs.IsPIDNSInit(c.pid)
 		if err != nil {
 			return fmt.Errorf("--pid %d: %w", c.pid, err)
 		}
@@ -138,7 +139,7 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 			return fmt.Errorf("the workload exited during --settle (%v); its output:\n%s", werr, lastLines(out, 10))
 		}
 	}
-	parentMem, err := criurun.TreeMem(source)
+	parentMem, err := procfs.TreeMem(source)
 	if err != nil {
 		return err
 	}
@@ -164,7 +165,7 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 		gens = append(gens, genRow{gen, s, wall})
 		first := len(rows)
 		for i, cp := range cs {
-			m, err := criurun.TreeMem(cp.PID)
+			m, err := procfs.TreeMem(cp.PID)
 			check := "-"
 			if err != nil {
 				check = "gone: " + err.Error()
@@ -216,7 +217,7 @@ func run(ctx context.Context, c *config, w io.Writer) (err error) {
 	return nil
 }
 
-func report(w io.Writer, c *config, what, store string, parent criurun.Mem, gens []genRow, rows []copyRow) {
+func report(w io.Writer, c *config, what, store string, parent procfs.Mem, gens []genRow, rows []copyRow) {
 	mode := "memfile rewrite"
 	if c.guard {
 		mode += " + madvise guard (refuse)"

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/cgroupmem"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -300,18 +300,6 @@ func parseMemFileMaps(r io.Reader) (memFileUse, error) {
 // cgroupMemory reads a cgroup's memory usage: cgroup v1 (memory controller)
 // or v2; 0 if unknown (e.g. a systemd slice path).
 func cgroupMemory(path string) int64 {
-	if path == "" || !strings.HasPrefix(path, "/") {
-		return 0
-	}
-	for _, f := range []string{
-		filepath.Join("/sys/fs/cgroup/memory", path, "memory.usage_in_bytes"),
-		filepath.Join("/sys/fs/cgroup", path, "memory.current"),
-	} {
-		if b, err := os.ReadFile(f); err == nil {
-			if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
-				return v
-			}
-		}
-	}
-	return 0
+	v, _ := cgroupmem.Usage(path)
+	return v
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -9,14 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
@@ -139,7 +137,7 @@ func (a *app) setup(o setupOpts) error {
 			return fmt.Errorf("start lazyfork-snapshotter: %w", err)
 		}
 		for !snapshotterUp(ctx, snAddr) {
-			if ctx.Err() != nil || !alive(pid) {
+			if ctx.Err() != nil || !procfs.Alive(pid) {
 				return fmt.Errorf("lazyfork-snapshotter (supervisor pid %d) does not answer at %s; see %s", pid, snAddr, filepath.Join(o.logs, "snapshotter.log"))
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -170,7 +168,7 @@ func (a *app) setup(o setupOpts) error {
 			fmt.Fprintf(a.out, "containerd: %s started (supervisor pid %d, cgroup %s/containerd) at %s, log %s\n", v, pid, stack, a.g.address, filepath.Join(o.logs, "containerd.log"))
 			return nil
 		}
-		if ctx.Err() != nil || !alive(pid) {
+		if ctx.Err() != nil || !procfs.Alive(pid) {
 			return fmt.Errorf("containerd (supervisor pid %d) does not answer at %s; see %s", pid, a.g.address, filepath.Join(o.logs, "containerd.log"))
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -187,12 +185,12 @@ func (a *app) setupDown(o setupOpts, useSystemd bool) error {
 		pf := filepath.Join(a.g.root, name+".pid")
 		child := filepath.Join(a.g.root, name+".child.pid")
 		pid := readPidFile(pf)
-		if pid > 1 && alive(pid) {
+		if pid > 1 && procfs.Alive(pid) {
 			stopPid(pid, 25*time.Second)
 			fmt.Fprintf(a.out, "%s: stopped (pid %d)\n", name, pid)
 		}
 		// A supervisor that died leaves its daemon running.
-		if c := readPidFile(child); c > 1 && alive(c) {
+		if c := readPidFile(child); c > 1 && procfs.Alive(c) {
 			stopPid(c, 20*time.Second)
 			fmt.Fprintf(a.out, "%s: stopped (pid %d)\n", name, c)
 		}
@@ -221,10 +219,10 @@ func (a *app) setupDown(o setupOpts, useSystemd bool) error {
 func stopPid(pid int, grace time.Duration) {
 	_ = syscall.Kill(pid, syscall.SIGTERM)
 	deadline := time.Now().Add(grace)
-	for alive(pid) && time.Now().Before(deadline) {
+	for procfs.Alive(pid) && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if alive(pid) {
+	if procfs.Alive(pid) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
@@ -274,19 +272,6 @@ func (a *app) startDaemon(name, stack, bin string, args, env []string, logs stri
 	return pid, writePidFile(filepath.Join(a.g.root, name+".pid"), pid)
 }
 
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// A zombie (our own child not yet reaped) is not alive.
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i > 0 && len(s) > i+2 {
-		return s[i+2] != 'Z'
-	}
-	return true
-}
-
 func snapshotterUp(ctx context.Context, addr string) bool {
 	if _, err := os.Stat(addr); err != nil {
 		return false
@@ -316,18 +301,6 @@ func containerdUp(ctx context.Context, addr string) (string, bool) {
 }
 
 func halfOfRAM() int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fld := strings.Fields(sc.Text())
-		if len(fld) >= 2 && fld[0] == "MemTotal:" {
-			kb, _ := strconv.ParseInt(fld[1], 10, 64)
-			return kb << 10 / 2
-		}
-	}
-	return 0
+	total, _ := procfs.MemInfo("MemTotal")
+	return total / 2
 }

@@ -294,27 +294,11 @@ func (a *app) downSystemd(ctx context.Context) error {
 
 // lazyforkShims lists the LazyFork shims serving containerd at address.
 func lazyforkShims(address string) []int {
-	ents, _ := os.ReadDir("/proc")
 	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) == 0 || filepath.Base(args[0]) != "containerd-shim-lazyfork-v1" {
-			continue
-		}
-		for i := 0; i+1 < len(args); i++ {
-			if (args[i] == "-address" || args[i] == "--address") && args[i+1] == address {
-				pids = append(pids, pid)
-				break
-			}
-		}
+	for _, p := range procfs.Find(func(args []string) bool {
+		return filepath.Base(args[0]) == "containerd-shim-lazyfork-v1" && procfs.HasArg(args, address, "-address", "--address")
+	}) {
+		pids = append(pids, p.PID)
 	}
 	return pids
 }

@@ -5,14 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -123,24 +122,8 @@ func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
 // procRss reads RssAnon and RssShmem (pages of the memory files) of a process.
 func procRss(pid uint32) (anon, shared int64) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "RssAnon:":
-			anon = v << 10
-		case "RssShmem:":
-			shared = v << 10
-		}
-	}
-	return anon, shared
+	m, _ := procfs.ReadMem(int(pid)) // the status fields, even if smaps_rollup is not readable
+	return m.RssAnon, m.RssShmem
 }
 
 func dirBytes(dir string) int64 {

@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -135,27 +134,9 @@ func ShimPIDs(address string) []int {
 // pidsWithArgs returns the processes whose argv holds flag immediately followed
 // by value.
 func pidsWithArgs(flag, value string) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := bytes.Split(b, []byte{0})
-		for i := 0; i+1 < len(args); i++ {
-			if string(args[i]) == flag && string(args[i+1]) == value {
-				pids = append(pids, pid)
-				break
-			}
-		}
+	for _, p := range procfs.Find(func(args []string) bool { return procfs.HasArg(args, value, flag) }) {
+		pids = append(pids, p.PID)
 	}
 	return pids
 }
@@ -177,11 +158,7 @@ func killShims(address string) error {
 func waitGone(pid int, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return true
-		}
-		if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
+		if !procfs.Alive(pid) {
 			return true
 		}
 		if time.Now().After(deadline) {

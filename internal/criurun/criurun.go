@@ -18,7 +18,9 @@ import (
 	// the same proto file, so the module links only this one.
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/stats"
 	"github.com/containerd/errdefs"
+
 	"github.com/lazyfork/lazyfork/criuimg"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // Names of the files this package writes into an image directory.
@@ -83,23 +85,23 @@ func Dump(ctx context.Context, pid int, dir string, opts DumpOptions) (*DumpResu
 		meta.Stdio[fd], _ = os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd))
 	}
 	var err error
-	if meta.PIDNS, err = IsPIDNSInit(pid); err != nil {
+	if meta.PIDNS, err = procfs.IsPIDNSInit(pid); err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
-	st, err := readStat(pid)
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
-	if meta.PIDNS && st.sid != pid {
+	if meta.PIDNS && st.Session != pid {
 		// CRIU refuses it ("A session leader ... is outside of its pid namespace"),
 		// and --shell-job does not help for a namespace.
 		return nil, fmt.Errorf("dump: pid %d is PID 1 of its namespace, but its session leader (%d) is outside: start it in a session of its own (`unshare --pid --fork setsid PROG`; Start does this): %w",
-			pid, st.sid, errdefs.ErrInvalidArgument)
+			pid, st.Session, errdefs.ErrInvalidArgument)
 	}
 	if opts.ShellJob != nil {
 		meta.ShellJob = *opts.ShellJob
 	} else {
-		meta.ShellJob = st.sid != pid
+		meta.ShellJob = st.Session != pid
 	}
 	args := []string{"dump", "-t", strconv.Itoa(pid), "-D", dir, "-o", DumpLog, "-v4"}
 	if !opts.Kill {

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
 	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 )
 
@@ -89,7 +91,7 @@ func TestDumpRestoreCopiesSideBySide(t *testing.T) {
 		}
 		pids = append(pids, r.PID)
 		t.Cleanup(func() { criurun.Kill(r.PID) })
-		if ok, err := criurun.IsPIDNSInit(r.PID); err != nil || !ok {
+		if ok, err := procfs.IsPIDNSInit(r.PID); err != nil || !ok {
 			t.Fatalf("copy %d (pid %d) is not a namespace init: %v", i, r.PID, err)
 		}
 		waitFor(t, "copy to count", func() bool { return lastNumber(t, cout) > 0 })
@@ -104,7 +106,7 @@ func TestDumpRestoreCopiesSideBySide(t *testing.T) {
 	if pids[0] == pids[1] {
 		t.Fatal("two copies with one pid")
 	}
-	m, err := criurun.TreeMem(pids[0])
+	m, err := procfs.TreeMem(pids[0])
 	if err != nil || m.RssAnon == 0 || m.Pss == 0 {
 		t.Fatalf("TreeMem: %+v, %v", m, err)
 	}

@@ -1,20 +1,17 @@
 package criurun
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"sort"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // StartOptions tune Start.
@@ -116,7 +113,7 @@ func Kill(pid int) error {
 		}
 		if errors.Is(err, unix.ECHILD) {
 			// Not ours: wait for it to leave /proc (or turn into someone else's zombie).
-			if st, err := readStat(pid); err != nil || st.state == 'Z' || st.state == 'X' {
+			if !procfs.Alive(pid) {
 				return nil
 			}
 		}
@@ -125,182 +122,7 @@ func Kill(pid int) error {
 	return fmt.Errorf("kill %d: still there after 10 s", pid)
 }
 
-// Alive reports whether pid exists and is not a zombie.
-func Alive(pid int) (bool, error) {
-	st, err := readStat(pid)
-	if err != nil {
-		return false, err
-	}
-	return st.state != 'Z' && st.state != 'X', nil
-}
-
-// IsPIDNSInit reports whether pid is PID 1 of a PID namespace other than the caller's.
-func IsPIDNSInit(pid int) (bool, error) {
-	mine, err := os.Readlink("/proc/self/ns/pid")
-	if err != nil {
-		return false, err
-	}
-	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
-	if err != nil {
-		return false, fmt.Errorf("process %d: %w", pid, err)
-	}
-	if mine == theirs {
-		return false, nil
-	}
-	nspid, err := NSPID(pid)
-	if err != nil {
-		return false, err
-	}
-	return nspid == 1, nil
-}
-
-// NSPID returns pid as seen inside its own (innermost) PID namespace.
-func NSPID(pid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, fmt.Errorf("process %d: %w", pid, errdefs.ErrNotFound)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f, ok := strings.CutPrefix(l, "NSpid:"); ok {
-			fs := strings.Fields(f)
-			if len(fs) == 0 {
-				break
-			}
-			return strconv.Atoi(fs[len(fs)-1])
-		}
-	}
-	return 0, fmt.Errorf("process %d: no NSpid in status", pid)
-}
-
-type stat struct {
-	state     byte
-	ppid, sid int
-}
-
-func readStat(pid int) (stat, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return stat{}, fmt.Errorf("process %d: %w", pid, errdefs.ErrNotFound)
-	}
-	// The command name may hold spaces and parentheses: fields start after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return stat{}, fmt.Errorf("process %d: bad stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 5 {
-		return stat{}, fmt.Errorf("process %d: bad stat", pid)
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	sid, _ := strconv.Atoi(f[3])
-	return stat{state: f[0][0], ppid: ppid, sid: sid}, nil
-}
-
-// Tree returns pid and all its descendant processes (not threads), parents first.
-func Tree(pid int) ([]int, error) {
-	if _, err := readStat(pid); err != nil {
-		return nil, err
-	}
-	out := []int{pid}
-	for i := 0; i < len(out); i++ {
-		kids, _ := children(out[i])
-		out = append(out, kids...)
-	}
-	return out, nil
-}
-
-func children(pid int) ([]int, error) {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return nil, err
-	}
-	var kids []int
-	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if k, err := strconv.Atoi(f); err == nil {
-				kids = append(kids, k)
-			}
-		}
-	}
-	sort.Ints(kids)
-	return kids, nil
-}
-
-// Mem is the memory of a process or a tree, in bytes.
-type Mem struct {
-	RssAnon  int64 // private anonymous pages: what a copy costs on its own
-	RssFile  int64
-	RssShmem int64 // shared-memory and tmpfs pages, memory files included
-	Pss      int64 // proportional share of everything mapped
-	PssAnon  int64
-	PssShmem int64
-}
-
-// Add returns m + o.
-func (m Mem) Add(o Mem) Mem {
-	return Mem{m.RssAnon + o.RssAnon, m.RssFile + o.RssFile, m.RssShmem + o.RssShmem,
-		m.Pss + o.Pss, m.PssAnon + o.PssAnon, m.PssShmem + o.PssShmem}
-}
-
-// ProcMem reads one process's memory from /proc/PID/status and smaps_rollup.
-func ProcMem(pid int) (Mem, error) {
-	var m Mem
-	err := scanKB(fmt.Sprintf("/proc/%d/status", pid), map[string]*int64{
-		"RssAnon:": &m.RssAnon, "RssFile:": &m.RssFile, "RssShmem:": &m.RssShmem,
-	})
-	if err != nil {
-		return m, err
-	}
-	err = scanKB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), map[string]*int64{
-		"Pss:": &m.Pss, "Pss_Anon:": &m.PssAnon, "Pss_Shmem:": &m.PssShmem,
-	})
-	return m, err
-}
-
-// TreeMem sums ProcMem over pid and its descendants. Processes that exit while
-// being read are skipped.
-func TreeMem(pid int) (Mem, error) {
-	pids, err := Tree(pid)
-	if err != nil {
-		return Mem{}, err
-	}
-	var total Mem
-	for i, p := range pids {
-		m, err := ProcMem(p)
-		if err != nil {
-			if i == 0 {
-				return Mem{}, err
-			}
-			continue
-		}
-		total = total.Add(m)
-	}
-	return total, nil
-}
-
-func scanKB(path string, want map[string]*int64) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, errdefs.ErrNotFound)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		if len(fs) < 2 {
-			continue
-		}
-		if p, ok := want[fs[0]]; ok {
-			v, err := strconv.ParseInt(fs[1], 10, 64)
-			if err != nil {
-				return fmt.Errorf("%s: %q: %w", path, sc.Text(), err)
-			}
-			*p = v * 1024
-		}
-	}
-	return sc.Err()
-}
+// Tree is procfs.Tree.
+//
+// Deprecated: use procfs.Tree (kept until memfile/madvguard's tests switch).
+func Tree(pid int) ([]int, error) { return procfs.Tree(pid) }

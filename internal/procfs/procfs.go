@@ -1,6 +1,7 @@
 // Package procfs reads what LazyFork needs from /proc, in one place: a
 // process's start time (which tells a live process from a reused PID), its
-// state, its cgroups, and the mount table.
+// state, parent and session, its descendants, its PID in its own namespace,
+// its memory (status and smaps_rollup), its cgroups, and the mount table.
 package procfs
 
 import (
@@ -16,6 +17,8 @@ import (
 type Stat struct {
 	// State is field 3: R, S, D, Z (zombie), X (dead), T, t, ...
 	State byte
+	// PPID is field 4, Session field 6.
+	PPID, Session int
 	// StartTime is field 22: clock ticks after boot when the process started.
 	StartTime uint64
 }
@@ -46,7 +49,15 @@ func ReadStat(pid int) (Stat, error) {
 	if err != nil {
 		return Stat{}, fmt.Errorf("process %d: start time %q: %w", pid, f[19], errdefs.ErrDataLoss)
 	}
-	return Stat{State: f[0][0], StartTime: start}, nil
+	ppid, _ := strconv.Atoi(f[1])
+	sid, _ := strconv.Atoi(f[3])
+	return Stat{State: f[0][0], PPID: ppid, Session: sid, StartTime: start}, nil
+}
+
+// Alive reports whether pid exists and is not a zombie.
+func Alive(pid int) bool {
+	st, err := ReadStat(pid)
+	return err == nil && !st.Zombie()
 }
 
 // Cgroup returns process pid's cgroup path for a controller, from

@@ -28,6 +28,7 @@ import (
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/integration/workloads"
+	"github.com/lazyfork/lazyfork/internal/cgroupmem"
 )
 
 // Env is a private containerd with the python test image imported.
@@ -124,7 +125,7 @@ func (e *Env) StartCounter(ctx context.Context, id string, heapMiB int, cfg harn
 // Memory is the cgroup memory usage of container id (v1 usage_in_bytes, v2
 // memory.current).
 func (e *Env) Memory(id string) (int64, error) {
-	return harness.MemoryUsage(e.H.CgroupPath(id))
+	return cgroupmem.Usage(e.H.CgroupPath(id))
 }
 
 // Remove kills and deletes c's task, then c's container and snapshot.

@@ -17,10 +17,12 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
-	"golang.org/x/sys/unix"
 )
 
 // Loop holds where a family's memory lives. The zero value (no Store) is plain CRIU.
@@ -197,7 +199,7 @@ func (l *Loop) Restore(ctx context.Context, dir string, outs []string) ([]*Copy,
 		return nil, wall, err
 	}
 	for _, c := range copies {
-		if alive, _ := criurun.Alive(c.PID); !alive {
+		if !procfs.Alive(c.PID) {
 			l.Kill(copies...)
 			return nil, wall, fmt.Errorf("copy %d of %s died right after its restore (was the original started with a parent-death signal, e.g. `unshare --kill-child`? CRIU restores it, and CRIU exits): its output: %s",
 				c.PID, dir, c.Out)
