@@ -105,7 +105,7 @@ step create --name py localhost/lazyfork/python:latest -- \
 	python3 /opt/lazyfork/workloads/counter.py 256 --interval 0.5 || fail "create py"
 wait_out py '^ready' 120
 t0=$(date +%s.%N)
-step fork py -n 10 >/dev/null || fail "fork py -n 10"
+step fork py --count 10 >/dev/null || fail "fork py --count 10"
 t1=$(date +%s.%N)
 printf '(10 forks in %.2f s)\n' "$(echo "$t1 - $t0" | bc 2>/dev/null || echo 0)"
 step list || fail list
