@@ -48,8 +48,8 @@ func (x *cli) nameCompletion(args string) cobra.CompletionFunc {
 
 // containerNames lists the containers lazyfork would act on (LazyFork's,
 // or all with --all-runtimes) whose name starts with prefix, as "NAME\tID
-// IMAGE"; a container without a name by its id. Nothing after
-// completionTimeout.
+// IMAGE" (a container without a name: "ID\tIMAGE"), but not those already
+// given (skip). Nothing after completionTimeout.
 func (x *cli) containerNames(prefix string, skip []string) []cobra.Completion {
 	return withTimeout(func(ctx context.Context, cd *containerd.Client) []cobra.Completion {
 		ctrs, err := cd.Containers(ctx)
@@ -76,7 +76,11 @@ func (x *cli) containerNames(prefix string, skip []string) []cobra.Completion {
 			if !strings.HasPrefix(name, prefix) || given[name] {
 				continue
 			}
-			out = append(out, cobra.CompletionWithDesc(name, short(info.ID, 12)+" "+info.Image))
+			desc := info.Image
+			if name != info.ID {
+				desc = short(info.ID, 12) + " " + desc
+			}
+			out = append(out, cobra.CompletionWithDesc(name, desc))
 		}
 		sort.Strings(out)
 		return out
