@@ -211,7 +211,16 @@ func (x *cli) cobraCommand(c *command) *cobra.Command {
 		},
 	}
 	if c.flags != nil {
-		c.flags(cc.Flags())
+		// A one-letter flag declared as Go's flag package would have it
+		// (fs.StringVar(&out, "o", ...)) is -o too, not only --o.
+		fs := pflag.NewFlagSet(c.name, pflag.ContinueOnError)
+		c.flags(fs)
+		fs.VisitAll(func(f *pflag.Flag) {
+			if len(f.Name) == 1 && f.Shorthand == "" {
+				f.Shorthand = f.Name
+			}
+			cc.Flags().AddFlag(f)
+		})
 	}
 	return cc
 }

@@ -152,6 +152,28 @@ func TestGlobalsAndCount(t *testing.T) {
 	}
 }
 
+// A new command's one-letter flag, declared the way Go's flag package has
+// it, is -o as well as --o.
+func TestOneLetterFlag(t *testing.T) {
+	var o string
+	var pos []string
+	commands["testonly"] = &command{
+		name: "testonly", args: "NAME", noConn: true,
+		flags: func(fs *pflag.FlagSet) { fs.StringVar(&o, "o", "", "output file") },
+		run: func(a *app, fs *pflag.FlagSet, p, _ []string) error {
+			pos = p
+			return nil
+		},
+	}
+	defer delete(commands, "testonly")
+	for _, args := range [][]string{{"testonly", "x", "-o", "f"}, {"testonly", "--o=f", "x"}} {
+		o, pos = "", nil
+		if err := run(args); err != nil || o != "f" || len(pos) != 1 || pos[0] != "x" {
+			t.Errorf("%q: %v, o=%q pos=%q", args, err, o, pos)
+		}
+	}
+}
+
 func TestVersion(t *testing.T) {
 	for _, args := range [][]string{{"--version"}, {"version"}} {
 		var out bytes.Buffer
