@@ -31,7 +31,7 @@ teardown() {
 	set +e
 	if [[ -S $ADDR ]]; then
 		for id in $(lf list --format json 2>/dev/null | sed -n 's/^      "id": "\(.*\)",$/\1/p'); do
-			lf delete "$id" >/dev/null
+			lf delete -f "$id" >/dev/null
 		done
 	fi
 	# Stops the daemons, removes the config, state, logs and the root's tmpfs.
