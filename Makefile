@@ -12,6 +12,8 @@ ZDTM_LIST ?= zdtm/tests.list
 ZDTM_FLAGS ?=
 
 COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-memfile
+# lazyfork --version (the go env here has -buildvcs=false: no VCS stamp in the build info)
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
 export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
@@ -26,7 +28,7 @@ help: ## this list
 
 build: ## build every binary into bin/
 	@mkdir -p $(BINDIR)
-	$(GO) build -o $(BINDIR)/ $(addprefix ./cmd/,$(COMMANDS))
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BINDIR)/ $(addprefix ./cmd/,$(COMMANDS))
 	ln -sf lazyfork $(BINDIR)/lfork
 
 UNITS := lazyfork-snapshotter.service containerd.service.d/lazyfork.conf

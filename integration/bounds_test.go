@@ -19,13 +19,16 @@ func TestBoundsForkInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"-n", "100000"}, "limit of 256"},
-		{[]string{"-n", "100000", "--name", "many"}, "limit of 256"},
-		{[]string{"-n", "20000000", "--max", "40000000"}, "MemAvailable"},
+		{[]string{"--count", "100000"}, "limit of 256"},
+		{[]string{"-c", "100000", "--name", "many"}, "limit of 256"},
+		{[]string{"--count", "20000000", "--max", "40000000"}, "MemAvailable"},
 		{[]string{"--name", "bad/name"}, "bad/name"},
 		{[]string{"--name", strings.Repeat("x", 80)}, "identifier"},
 		{[]string{"--name", "counter"}, "exists"},
-		{[]string{"-n", "0"}, "at least one"},
+		{[]string{"--count", "0"}, "at least one"},
+		// -n is the namespace, as for ctr and nerdctl: the old count form
+		// finds no counter in namespace 2, and says where the count went.
+		{[]string{"-n", "2"}, "the number of copies is --count or -c"},
 	} {
 		_, err := e.lf(t, append([]string{"fork", "counter"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

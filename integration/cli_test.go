@@ -157,10 +157,10 @@ func TestCLI(t *testing.T) {
 	}
 	t.Logf("parent at tick %d before the fork; twin starts at tick %d", before, firstTick(t, twinOut))
 
-	// fork -n: ids printed one a line; a fork of a fork
-	ids := strings.Fields(e.must(t, "fork", "counter", "-n", "2"))
+	// fork --count: ids printed one a line; a fork of a fork
+	ids := strings.Fields(e.must(t, "fork", "counter", "--count", "2"))
 	if len(ids) != 2 {
-		t.Fatalf("fork -n 2 printed %q", ids)
+		t.Fatalf("fork --count 2 printed %q", ids)
 	}
 	grand := strings.TrimSpace(e.must(t, "fork", "twin"))
 	rows := e.list(t)

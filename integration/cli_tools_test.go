@@ -72,6 +72,24 @@ func TestCLISafeByDefault(t *testing.T) {
 		t.Errorf("list --all-runtimes lacks the runc containers (%v):\n%s", err, all)
 	}
 
+	// Shell completion of NAME (as bash runs it: lazyfork __complete WORDS)
+	// offers LazyFork's containers by name, not the runc ones unless
+	// --all-runtimes.
+	complete := func(args ...string) string {
+		full := append([]string{"__complete", "--address", e.Address, "--namespace", e.Namespace}, args...)
+		out, err := exec.Command(filepath.Join(e.Bin, "lazyfork"), full...).Output()
+		if err != nil {
+			t.Fatalf("lazyfork %q: %v", full, err)
+		}
+		return string(out)
+	}
+	if c := complete("fork", ""); !strings.Contains(c, "sleeper\t") || strings.Contains(c, "ctr-runc") {
+		t.Errorf("lazyfork fork <TAB> offers:\n%s", c)
+	}
+	if c := complete("--all-runtimes", "delete", "sleeper", ""); !strings.Contains(c, "ctr-runc\t") || strings.Contains(c, "sleeper") {
+		t.Errorf("lazyfork --all-runtimes delete sleeper <TAB> offers:\n%s", c)
+	}
+
 	// clean removes the stopped LazyFork container and nothing else.
 	if out := strings.Fields(e.must(t, "clean")); strings.Join(out, " ") != "done" {
 		t.Errorf("clean deleted %q, want only done", out)

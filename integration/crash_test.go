@@ -282,7 +282,7 @@ func TestCrashCLIKilled(t *testing.T) {
 	before := e.startCounterCLI(t, "counter")
 	for _, stage := range crashStages {
 		t.Run(stage, func(t *testing.T) {
-			f := e.forkAt(t, stage, "counter", "-n", "2")
+			f := e.forkAt(t, stage, "counter", "--count", "2")
 			_ = f.cmd.Process.Kill()
 			_ = f.wait(t)
 			out := e.must(t, "gc")
@@ -310,7 +310,7 @@ func TestCrashCLIInterrupted(t *testing.T) {
 			sig = syscall.SIGTERM
 		}
 		t.Run(stage, func(t *testing.T) {
-			f := e.forkAt(t, stage, "counter", "-n", "2")
+			f := e.forkAt(t, stage, "counter", "--count", "2")
 			_ = f.cmd.Process.Signal(sig)
 			err := f.wait(t)
 			if err == nil {
@@ -337,7 +337,7 @@ func TestCrashContainerdKilled(t *testing.T) {
 	before := e.startCounterCLI(t, "counter")
 	for _, stage := range []string{"after-pause", "after-first-fork-created"} {
 		t.Run(stage, func(t *testing.T) {
-			f := e.forkAt(t, stage, "counter", "-n", "2")
+			f := e.forkAt(t, stage, "counter", "--count", "2")
 			if err := e.KillDaemon(); err != nil {
 				t.Fatal(err)
 			}
@@ -429,7 +429,7 @@ func TestCrashShimKilled(t *testing.T) {
 	}
 
 	t.Run("fork group's shim", func(t *testing.T) {
-		f := e.forkAt(t, "after-first-fork-created", "counter", "-n", "2")
+		f := e.forkAt(t, "after-first-fork-created", "counter", "--count", "2")
 		killed := 0
 		for id, pid := range shimsByID(e.Address) {
 			if _, old := initial[id]; !old {
@@ -450,7 +450,7 @@ func TestCrashShimKilled(t *testing.T) {
 	})
 
 	t.Run("parent's shim", func(t *testing.T) {
-		f := e.forkAt(t, "after-checkpoint", "counter", "-n", "2")
+		f := e.forkAt(t, "after-checkpoint", "counter", "--count", "2")
 		if err := syscall.Kill(parentShim, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}

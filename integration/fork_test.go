@@ -664,7 +664,7 @@ func TestCtrFlows(t *testing.T) {
 
 	// The lazyfork CLI; then the parent goes and its forks stay.
 	cli := exec.Command(filepath.Join(e.Bin, "lazyfork"), "--address", e.Address, "--namespace", e.Namespace,
-		"--root", e.Root, "fork", id, "-n", "2")
+		"--root", e.Root, "fork", id, "--count", "2")
 	b, err := cli.CombinedOutput()
 	if err != nil {
 		t.Fatalf("lazyfork fork: %v\n%s", err, b)

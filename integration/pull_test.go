@@ -228,12 +228,12 @@ func TestPullDocumentedSequence(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	// 4. fork big -n 100, then list, status, stats --csv.
+	// 4. fork big --count 100, then list, status, stats --csv.
 	forkStart := time.Now()
-	ids := strings.Fields(e.must(t, "fork", "big", "-n", "100"))
-	t.Logf("fork big -n 100 took %.1fs", time.Since(forkStart).Seconds())
+	ids := strings.Fields(e.must(t, "fork", "big", "--count", "100"))
+	t.Logf("fork big --count 100 took %.1fs", time.Since(forkStart).Seconds())
 	if len(ids) != 100 {
-		t.Fatalf("fork big -n 100 printed %d ids", len(ids))
+		t.Fatalf("fork big --count 100 printed %d ids", len(ids))
 	}
 	rows := e.list(t)
 	var mems []int64

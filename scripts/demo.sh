@@ -31,7 +31,7 @@ teardown() {
 	set +e
 	if [[ -S $ADDR ]]; then
 		for id in $(lf list --format json 2>/dev/null | sed -n 's/^      "id": "\(.*\)",$/\1/p'); do
-			lf delete "$id" >/dev/null
+			lf delete -f "$id" >/dev/null
 		done
 	fi
 	# Stops the daemons, removes the config, state, logs and the root's tmpfs.
@@ -105,7 +105,7 @@ step create --name py localhost/lazyfork/python:latest -- \
 	python3 /opt/lazyfork/workloads/counter.py 256 --interval 0.5 || fail "create py"
 wait_out py '^ready' 120
 t0=$(date +%s.%N)
-step fork py -n 10 >/dev/null || fail "fork py -n 10"
+step fork py --count 10 >/dev/null || fail "fork py --count 10"
 t1=$(date +%s.%N)
 printf '(10 forks in %.2f s)\n' "$(echo "$t1 - $t0" | bc 2>/dev/null || echo 0)"
 step list || fail list

@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -15,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/client"
@@ -39,14 +39,14 @@ The container runs under io.containerd.lazyfork.v1, on the lazyfork snapshotter 
 containerd has it (else overlayfs); its output goes to a log file (see attach).
 With --hook, DIR/<id>/hook.sock on the host is /run/lazyfork-hook/hook.sock inside
 ($LAZYFORK_HOOK): LazyFork sends QUIESCE there before a snapshot and RESEED <id> after a restore.`,
-		flags: func(fs *flag.FlagSet) {
+		flags: func(fs *pflag.FlagSet) {
 			fs.StringVar(&name, "name", "", "container name (also its id); default: a random id")
 			fs.StringVar(&hookDir, "hook", "", "host directory for the runtime hook socket")
 			fs.StringVar(&snapshotter, "snapshotter", "", "snapshotter (default: lazyfork if containerd has it, else overlayfs)")
 			fs.StringVar(&pull, "pull", "missing", "pull the image: missing (when containerd lacks it), always, never")
 			fs.StringVar(&hostsDir, "hosts-dir", "", "registry hosts.toml directories, ':'-separated (default: containerd's config_path, else /etc/containerd/certs.d:/etc/docker/certs.d)")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, cmd []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, cmd []string) error {
 			if err := needArgs(pos, 1, "IMAGE"); err != nil {
 				return err
 			}

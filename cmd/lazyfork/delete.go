@@ -2,12 +2,12 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
 )
@@ -20,11 +20,10 @@ func init() {
 		short: "delete stopped containers; -f also kills running ones (their forks keep running)",
 		example: `  lazyfork delete counter        # refused while counter runs: stop it first
   lazyfork delete -f 3fa9 twin   # kill and delete running containers`,
-		flags: func(fs *flag.FlagSet) {
-			fs.BoolVar(&force, "force", false, "kill a running (or paused) container's task, then delete it")
-			fs.BoolVar(&force, "f", false, "shorthand for --force")
+		flags: func(fs *pflag.FlagSet) {
+			fs.BoolVarP(&force, "force", "f", false, "kill a running (or paused) container's task, then delete it")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if len(pos) == 0 {
 				return fmt.Errorf("want NAME...: %w", errdefs.ErrInvalidArgument)
 			}
@@ -49,7 +48,7 @@ func init() {
 		short: "delete every stopped LazyFork container (stopped with lazyfork stop, or whose process ended)",
 		example: `  lazyfork clean
   lazyfork clean --all-runtimes   # also other runtimes' stopped containers`,
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 0, "no arguments"); err != nil {
 				return err
 			}

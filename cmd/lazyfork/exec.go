@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 
 	"github.com/containerd/console"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/log"
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/client"
 )
@@ -21,8 +21,8 @@ func init() {
 		short: "run a command in a running container; its exit status is lazyfork's",
 		example: `  lazyfork exec twin -- cat /proc/self/status
   lazyfork exec counter -t -- sh`,
-		flags: func(fs *flag.FlagSet) { fs.BoolVar(&tty, "t", false, "allocate a terminal") },
-		run: func(a *app, fs *flag.FlagSet, pos, cmd []string) error {
+		flags: func(fs *pflag.FlagSet) { fs.BoolVarP(&tty, "tty", "t", false, "allocate a terminal") },
+		run: func(a *app, fs *pflag.FlagSet, pos, cmd []string) error {
 			if err := needArgs(pos, 1, "NAME"); err != nil {
 				return err
 			}
@@ -37,7 +37,7 @@ func init() {
 		args:    "NAME",
 		short:   "an interactive shell (/bin/sh, TTY) in a running container",
 		example: `  lazyfork shell twin`,
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 1, "NAME"); err != nil {
 				return err
 			}

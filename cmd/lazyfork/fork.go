@@ -2,10 +2,10 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -14,6 +14,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
@@ -27,25 +28,25 @@ func init() {
 	var timeout time.Duration
 	register(&command{
 		name:  "fork",
-		args:  "NAME [-n N] [--name N]",
+		args:  "NAME [--count N] [--name N]",
 		short: "make N running copies of a container (the parent keeps running); prints their ids",
 		example: `  lazyfork fork counter --name twin     # one copy named twin
-  lazyfork fork py -n 10                # ten copies: ids printed one a line
+  lazyfork fork py --count 10           # ten copies (-c 10): ids printed one a line
   lazyfork fork twin                    # forks of forks work the same way
 A stopped container (lazyfork stop) forks from its snapshot.`,
-		flags: func(fs *flag.FlagSet) {
-			fs.IntVar(&n, "n", 1, "number of copies")
-			fs.StringVar(&name, "name", "", "name (and id) of the copy; with -n N > 1: NAME-1 ... NAME-N")
+		flags: func(fs *pflag.FlagSet) {
+			fs.IntVarP(&n, "count", "c", 1, "number of copies")
+			fs.StringVar(&name, "name", "", "name (and id) of the copy; with --count N > 1: NAME-1 ... NAME-N")
 			fs.IntVar(&maxForks, "max", 0, fmt.Sprintf("most copies one call may make (default %d, or $LAZYFORK_MAX_FORKS)", client.DefaultMaxForks))
 			fs.DurationVar(&timeout, "timeout", client.DefaultRestoreTimeout, "bound on each copy's restore; a copy past it is removed and the fork fails")
 			fs.IntVar(&shimGroup, "shim-group", client.DefaultShimGroupSize, "copies that share a shim process (each shim costs 7-10 MB; one that dies takes its group)")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 1, "NAME"); err != nil {
 				return err
 			}
 			if n < 1 {
-				return fmt.Errorf("-n %d: need at least one copy: %w", n, errdefs.ErrInvalidArgument)
+				return fmt.Errorf("--count %d: need at least one copy: %w", n, errdefs.ErrInvalidArgument)
 			}
 			if shimGroup < 1 {
 				return fmt.Errorf("--shim-group %d: need at least 1: %w", shimGroup, errdefs.ErrInvalidArgument)
@@ -60,6 +61,10 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 			defer stopSignals()
 			id, err := a.lf.Resolve(ctx, pos[0])
 			if err != nil {
+				if _, nerr := strconv.Atoi(a.g.namespace); nerr == nil && fs.Changed("namespace") {
+					// lazyfork fork NAME -n 10, as before cobra: -n is the namespace now.
+					return fmt.Errorf("%w (-n is the namespace, here %q: the number of copies is --count or -c)", err, a.g.namespace)
+				}
 				return err
 			}
 			var ids []string

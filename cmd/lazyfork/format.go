@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"regexp"
@@ -12,13 +11,14 @@ import (
 	"text/template"
 
 	"github.com/containerd/errdefs"
+	"github.com/spf13/pflag"
 )
 
 // formatUsage is the help of --format on every listing.
 const formatUsage = "table, json, or a Go template applied to each item (as docker and nerdctl: '{{.ID}}', '{{json .}}', 'table {{.ID}}\\t{{.State}}')"
 
 // addFormat registers --format on a listing.
-func addFormat(fs *flag.FlagSet, format *string) {
+func addFormat(fs *pflag.FlagSet, format *string) {
 	fs.StringVar(format, "format", "table", formatUsage)
 }
 

@@ -1,8 +1,9 @@
 package main
 
 import (
-	"flag"
 	"fmt"
+
+	"github.com/spf13/pflag"
 )
 
 func init() {
@@ -16,7 +17,7 @@ func init() {
 			args:    "NAME",
 			short:   c.short,
 			example: "  lazyfork " + name + " counter",
-			run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+			run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 				ctr, err := a.loadOne(pos)
 				if err != nil {
 					return err

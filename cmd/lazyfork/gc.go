@@ -2,8 +2,9 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
+
+	"github.com/spf13/pflag"
 )
 
 func init() {
@@ -14,10 +15,10 @@ func init() {
 		short: "undo forks whose process died mid-way (thaw their parents, remove half-made copies, snapshots, leases), remove orphaned snapshots and the logs of containers other tools removed",
 		example: `  lazyfork gc             # prints one line per object removed
   lazyfork gc --dry-run   # prints what it would remove`,
-		flags: func(fs *flag.FlagSet) {
+		flags: func(fs *pflag.FlagSet) {
 			fs.BoolVar(&dry, "dry-run", false, "only print what would be removed")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 0, "no arguments"); err != nil {
 				return err
 			}

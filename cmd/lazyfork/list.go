@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +12,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/cgroupmem"
@@ -57,12 +57,11 @@ func init() {
   lazyfork list --format '{{.ID}} {{.State}}'       # a Go template per container
   lazyfork list --format '{{json .}}'               # one JSON object a line
   lazyfork list --format 'table {{.ID}}\t{{.Parent}}\t{{human .Memory}}'`,
-		flags: func(fs *flag.FlagSet) {
+		flags: func(fs *pflag.FlagSet) {
 			addFormat(fs, &format)
-			fs.BoolVar(&quiet, "q", false, "print the ids only")
-			fs.BoolVar(&quiet, "quiet", false, "print the ids only")
+			fs.BoolVarP(&quiet, "quiet", "q", false, "print the ids only")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 0, "no arguments"); err != nil {
 				return err
 			}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -20,6 +19,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
 )
@@ -40,11 +40,10 @@ func init() {
 The output is read where the container's task writes it: lazyfork's log file, a ctr
 --log-uri file://, nerdctl's json-file log; for ctr run -d without --log-uri
 (fifos nobody reads) -f streams it from now on.`,
-		flags: func(fs *flag.FlagSet) {
-			fs.BoolVar(&follow, "follow", false, "keep printing new output until Ctrl-C")
-			fs.BoolVar(&follow, "f", false, "shorthand for --follow")
+		flags: func(fs *pflag.FlagSet) {
+			fs.BoolVarP(&follow, "follow", "f", false, "keep printing new output until Ctrl-C")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			return a.logs(pos, follow)
 		},
 	})
@@ -55,8 +54,8 @@ The output is read where the container's task writes it: lazyfork's log file, a 
 		short: "stream a container's output (lazyfork logs -f); Ctrl-C detaches, the container keeps running",
 		example: `  lazyfork attach counter
   lazyfork attach twin --follow=false   # print what is there and return`,
-		flags: func(fs *flag.FlagSet) { fs.BoolVar(&attachFollow, "follow", true, "keep streaming new output") },
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		flags: func(fs *pflag.FlagSet) { fs.BoolVar(&attachFollow, "follow", true, "keep streaming new output") },
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			return a.logs(pos, attachFollow)
 		},
 	})

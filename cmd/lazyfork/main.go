@@ -1,28 +1,30 @@
 // Command lazyfork (shorthand lfork) forks running containers through
 // containerd and LazyFork's runtime io.containerd.lazyfork.v1.
 //
-//	lazyfork [--address SOCK] [--namespace NS] [--root DIR] COMMAND [ARGS]
+//	lazyfork [--address SOCK] [-n|--namespace NS] [--root DIR] COMMAND [ARGS]
 //
-// Every command that takes NAME accepts a container's name (lazyfork's or
-// nerdctl's), its id or a unique prefix of its id. Commands see and act on
-// LazyFork's containers only, unless --all-runtimes. One file per command;
-// `lazyfork help` lists them.
+// The global flags go before or after COMMAND. Every command that takes NAME
+// accepts a container's name (lazyfork's or nerdctl's), its id or a unique
+// prefix of its id. Commands see and act on LazyFork's containers only,
+// unless --all-runtimes. One file per command
+// (it calls register in its init func; main.go makes a cobra.Command of
+// it); `lazyfork help` lists them.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/client"
@@ -39,14 +41,16 @@ type globals struct {
 	allRuntimes bool
 }
 
-// command is one subcommand.
+// command is one subcommand; each file registers its own in an init func.
+// run gets the positional arguments (pos) and, when the command line has
+// "--", what follows it (cmd: a command line for the container).
 type command struct {
 	name    string
-	args    string // synopsis after the name
+	args    string // synopsis after the name; "NAME..." first: completes container names
 	short   string
 	example string
-	flags   func(fs *flag.FlagSet) // registers the command's own flags
-	run     func(a *app, fs *flag.FlagSet, pos, cmd []string) error
+	flags   func(fs *pflag.FlagSet) // registers the command's own flags
+	run     func(a *app, fs *pflag.FlagSet, pos, cmd []string) error
 	noConn  bool // needs no containerd connection
 	hidden  bool // for LazyFork's own use: not in the command list
 }
@@ -66,9 +70,6 @@ type app struct {
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
-		}
 		fmt.Fprintln(os.Stderr, "lazyfork:", err)
 		var ec exitCode
 		if errors.As(err, &ec) {
@@ -99,131 +100,166 @@ func defaultGlobals() globals {
 	}
 }
 
-func addGlobals(fs *flag.FlagSet, g *globals) {
-	fs.StringVar(&g.address, "address", g.address, "containerd socket ($CONTAINERD_ADDRESS)")
-	fs.StringVar(&g.address, "a", g.address, "shorthand for --address")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
-	fs.StringVar(&g.namespace, "n", g.namespace, "shorthand for --namespace (before the command)")
+// addGlobals registers the global flags: persistent flags of the root
+// command, so they go before or after the command's name.
+func addGlobals(fs *pflag.FlagSet, g *globals) {
+	fs.StringVarP(&g.address, "address", "a", g.address, "containerd socket ($CONTAINERD_ADDRESS)")
+	fs.StringVarP(&g.namespace, "namespace", "n", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
 	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
 	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
 	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }
 
-func mainUsage(w io.Writer) {
-	fmt.Fprint(w, `lazyfork forks running containers (containerd runtime io.containerd.lazyfork.v1).
+const rootLong = `lazyfork forks running containers (containerd runtime io.containerd.lazyfork.v1).
 
-Usage: lazyfork [--address SOCK] [--namespace NS] [--root DIR] [--all-runtimes] COMMAND [ARGS]
 NAME is a container's name (lazyfork's or nerdctl's), its id, or a unique prefix of its id.
 Commands see and act on LazyFork's containers only (runtime io.containerd.lazyfork.v1)
-unless --all-runtimes.
+unless --all-runtimes. Global flags go before or after the command.`
 
-Commands:
-`)
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		c := commands[n]
-		if c.hidden {
-			continue
-		}
-		fmt.Fprintf(w, "  %-8s %s\n", n, c.short)
-	}
-	fmt.Fprint(w, `
-Quick start:
-  lazyfork setup
+const rootExample = `  lazyfork setup
   lazyfork create --name counter localhost/lazyfork/busybox:latest -- sh -c 'i=0; while :; do echo $i; i=$((i+1)); sleep 1; done'
   lazyfork fork counter --name twin
   lazyfork attach twin
+  source <(lazyfork completion bash)     # shell completion (also zsh, fish)`
 
-Run 'lazyfork COMMAND --help' for a command's flags and examples.
-`)
+// cli is one parse and run of a command line.
+type cli struct {
+	g    globals
+	out  io.Writer
+	ran  bool     // a command's run began: its errors are not usage errors
+	args []string // the command line
 }
 
-func run(args []string) error {
-	g := defaultGlobals()
-	top := flag.NewFlagSet("lazyfork", flag.ContinueOnError)
-	top.SetOutput(io.Discard)
-	addGlobals(top, &g)
-	help := top.Bool("help", false, "")
-	top.BoolVar(help, "h", false, "")
-	if err := top.Parse(args); err != nil {
-		mainUsage(os.Stderr)
+// run parses args (os.Args[1:]) and runs the command they name.
+func run(args []string) error { return execute(args, os.Stdout, os.Stderr) }
+
+// execute is run with the output (help, and what commands print) to out,
+// cobra's own messages to errOut.
+func execute(args []string, out, errOut io.Writer) error {
+	x := &cli{g: defaultGlobals(), out: out, args: args}
+	root := x.newRoot()
+	root.SetOut(out)
+	root.SetErr(errOut)
+	root.SetArgs(singleDashLong(root, args))
+	found, err := root.ExecuteC()
+	if err == nil || x.ran {
 		return err
 	}
-	rest := top.Args()
-	if *help || len(rest) == 0 || rest[0] == "help" {
-		if len(rest) > 1 {
-			if c := commands[rest[1]]; c != nil {
-				return runCommand(c, g, []string{"--help"})
-			}
-		}
-		mainUsage(os.Stdout)
-		if len(rest) == 0 && !*help {
-			return errors.New("no command given")
-		}
-		return nil
+	hint := fmt.Sprintf("Run '%s --help' for its flags and examples.", found.CommandPath())
+	if strings.HasPrefix(err.Error(), "unknown command") {
+		hint = "Run 'lazyfork help' for the list of commands."
 	}
-	c := commands[rest[0]]
-	if c == nil {
-		mainUsage(os.Stderr)
-		return fmt.Errorf("unknown command %q", rest[0])
-	}
-	return runCommand(c, g, rest[1:])
+	return usageError{err: err, hint: hint}
 }
 
-func runCommand(c *command, g globals, args []string) error {
-	fs := flag.NewFlagSet("lazyfork "+c.name, flag.ContinueOnError)
-	addGlobalsLong(fs, &g)
+// usageError is a command line cobra could not parse, with what to do.
+type usageError struct {
+	err  error
+	hint string
+}
+
+func (e usageError) Error() string {
+	return strings.TrimRight(e.err.Error(), "\n") + "\n" + e.hint
+}
+func (e usageError) Unwrap() error        { return e.err }
+func (e usageError) Is(target error) bool { return target == errdefs.ErrInvalidArgument }
+
+// newRoot builds the command tree: the root with the global flags, and a
+// cobra.Command per registered command.
+func (x *cli) newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "lazyfork",
+		Short:         "fork running containers",
+		Long:          rootLong,
+		Example:       rootExample,
+		Version:       versionString(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// lazyfork alone prints the command list, and fails as before.
+		RunE: func(cmd *cobra.Command, args []string) error {
+			x.ran = true
+			_ = cmd.Help()
+			return errors.New("no command given")
+		},
+	}
+	root.SetVersionTemplate("lazyfork version {{.Version}}\n")
+	addGlobals(root.PersistentFlags(), &x.g)
+	_ = root.RegisterFlagCompletionFunc("namespace", x.completeNamespaces)
+	for _, c := range commands {
+		root.AddCommand(x.cobraCommand(c))
+	}
+	return root
+}
+
+// cobraCommand turns a registered command into a cobra.Command.
+func (x *cli) cobraCommand(c *command) *cobra.Command {
+	cc := &cobra.Command{
+		Use:                   strings.TrimSpace(c.name + " " + c.args),
+		Short:                 c.short,
+		Example:               c.example,
+		Hidden:                c.hidden,
+		DisableFlagsInUseLine: true,
+		ValidArgsFunction:     x.nameCompletion(c.args),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			x.ran = true
+			// Everything after "--" is a command line for the container.
+			pos, rest := args, []string(nil)
+			if d := cmd.ArgsLenAtDash(); d >= 0 {
+				pos, rest = args[:d], args[d:]
+			}
+			return x.runCommand(c, cmd.Flags(), pos, rest)
+		},
+	}
 	if c.flags != nil {
+		// A one-letter flag declared as Go's flag package would have it
+		// (fs.StringVar(&out, "o", ...)) is -o too, not only --o.
+		fs := pflag.NewFlagSet(c.name, pflag.ContinueOnError)
 		c.flags(fs)
+		fs.VisitAll(func(f *pflag.Flag) {
+			if len(f.Name) == 1 && f.Shorthand == "" {
+				f.Shorthand = f.Name
+			}
+			cc.Flags().AddFlag(f)
+		})
 	}
-	fs.Usage = func() {
-		w := fs.Output()
-		fmt.Fprintf(w, "Usage: lazyfork %s %s\n\n%s\n\nFlags:\n", c.name, c.args, c.short)
-		fs.PrintDefaults()
-		if c.example != "" {
-			fmt.Fprintf(w, "\nExamples:\n%s\n", c.example)
-		}
+	return cc
+}
+
+// singleDashLong rewrites -name (a long flag with one dash, which Go's flag
+// package, and so lazyfork before cobra, accepted) as --name; without it
+// -name would silently be -n ame, the namespace "ame". Only known long flag
+// names, and nothing after "--".
+func singleDashLong(root *cobra.Command, args []string) []string {
+	long := map[string]bool{}
+	add := func(f *pflag.Flag) { long[f.Name] = true }
+	root.PersistentFlags().VisitAll(add)
+	for _, c := range root.Commands() {
+		c.Flags().VisitAll(add)
 	}
-	// Everything after "--" is a command line for the container.
-	var cmd []string
+	out := make([]string, 0, len(args))
 	for i, a := range args {
 		if a == "--" {
-			args, cmd = args[:i], args[i+1:]
-			break
+			return append(out, args[i:]...)
 		}
+		if len(a) > 2 && a[0] == '-' && a[1] != '-' {
+			if name, _, _ := strings.Cut(a[1:], "="); len(name) > 1 && long[name] {
+				a = "-" + a
+			}
+		}
+		out = append(out, a)
 	}
-	// Flags may come before or after the positional arguments.
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			break
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
-	a := &app{g: g, out: os.Stdout}
+	return out
+}
+
+// runCommand connects to containerd (unless c.noConn) and runs c.
+func (x *cli) runCommand(c *command, fs *pflag.FlagSet, pos, cmd []string) error {
+	g := x.g
+	a := &app{g: g, out: x.out}
 	a.ctx = namespaces.WithNamespace(context.Background(), g.namespace)
 	if !c.noConn {
-		if _, err := os.Stat(strings.TrimPrefix(g.address, "unix://")); err != nil {
-			if errors.Is(err, os.ErrPermission) {
-				return permissionDenied(g.address, err)
-			}
-			return fmt.Errorf("no containerd at %s (%w): start it, or run lazyfork setup", g.address, err)
-		}
-		cd, err := containerd.New(g.address, containerd.WithDefaultNamespace(g.namespace))
+		cd, err := connect(g)
 		if err != nil {
-			if errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "permission denied") {
-				return permissionDenied(g.address, err)
-			}
-			return fmt.Errorf("connect to containerd at %s: %w (is it running? try lazyfork setup)", g.address, err)
+			return err
 		}
 		defer cd.Close()
 		a.cd = cd
@@ -234,21 +270,29 @@ func runCommand(c *command, g globals, args []string) error {
 	return c.run(a, fs, pos, cmd)
 }
 
+// connect opens containerd's socket, with errors that say what to do.
+func connect(g globals, opts ...containerd.Opt) (*containerd.Client, error) {
+	if _, err := os.Stat(strings.TrimPrefix(g.address, "unix://")); err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return nil, permissionDenied(g.address, err)
+		}
+		return nil, fmt.Errorf("no containerd at %s (%w): start it, or run lazyfork setup", g.address, err)
+	}
+	cd, err := containerd.New(g.address, append([]containerd.Opt{containerd.WithDefaultNamespace(g.namespace)}, opts...)...)
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "permission denied") {
+			return nil, permissionDenied(g.address, err)
+		}
+		return nil, fmt.Errorf("connect to containerd at %s: %w (is it running? try lazyfork setup)", g.address, err)
+	}
+	return cd, nil
+}
+
 // permissionDenied is the error for a user who may not use containerd's
 // socket: not "no containerd", which would send them to setup.
 func permissionDenied(address string, err error) error {
 	return fmt.Errorf("permission denied: run as root (containerd's socket %s is not open to uid %d: %v): %w",
 		address, os.Getuid(), err, errdefs.ErrPermissionDenied)
-}
-
-// addGlobalsLong registers the long global flags on a command (the one-letter
-// shorthands are for before the command, where -n is not fork's count).
-func addGlobalsLong(fs *flag.FlagSet, g *globals) {
-	fs.StringVar(&g.address, "address", g.address, "containerd socket ($CONTAINERD_ADDRESS)")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
-	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
-	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
-	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }
 
 // needArgs checks the count of positional arguments.

@@ -1,10 +1,11 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"sort"
 	"text/tabwriter"
+
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/client"
 )
@@ -30,8 +31,8 @@ func init() {
   lazyfork mem --format json
   lazyfork mem --format '{{.Name}} {{human .Bytes}}'`,
 		noConn: true,
-		flags:  func(fs *flag.FlagSet) { addFormat(fs, &format) },
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		flags:  func(fs *pflag.FlagSet) { addFormat(fs, &format) },
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 0, "no arguments"); err != nil {
 				return err
 			}

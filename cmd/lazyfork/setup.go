@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
@@ -55,7 +55,7 @@ containerd when none answers) under "lazyfork supervise", which restarts a daemo
 that dies, each in a cgroup of its own (lazyfork/<stack>/<daemon> in every
 hierarchy), not the caller's; logs in --logs, pidfiles in the LazyFork root.`,
 		noConn: true,
-		flags: func(fs *flag.FlagSet) {
+		flags: func(fs *pflag.FlagSet) {
 			fs.StringVar(&o.config, "config", defaultConfig, "containerd config file")
 			fs.StringVar(&o.state, "state", "/var/lib/lazyfork", "LazyFork state: snapshotter layers (and containerd's root for a private config)")
 			fs.StringVar(&o.logs, "logs", "/var/log/lazyfork", "daemon logs")
@@ -64,7 +64,7 @@ hierarchy), not the caller's; logs in --logs, pidfiles in the LazyFork root.`,
 			fs.BoolVar(&o.down, "down", false, "undo setup: stop the daemons it started (or disable its systemd unit), remove the drop-in (and a config.toml it created)")
 			fs.BoolVar(&o.purge, "purge", false, "with --down: also remove --state, --logs and the LazyFork root (its tmpfs and memory files)")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 0, "no arguments"); err != nil {
 				return err
 			}

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
@@ -50,11 +50,11 @@ func init() {
       lazyfork-snapshotter --root /var/lib/lazyfork/snapshotter --address /run/lazyfork/snapshotter.sock
 SIGTERM stops the daemon (SIGKILL after 20 s) and the supervisor.`,
 		noConn: true,
-		flags: func(fs *flag.FlagSet) {
+		flags: func(fs *pflag.FlagSet) {
 			fs.StringVar(&pidFile, "child-pidfile", "", "write the daemon's current pid here")
 			fs.StringVar(&cgroup, "cgroup", "", "cgroup (relative to each hierarchy's root) to run in")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, cmd []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, cmd []string) error {
 			args := append(pos, cmd...)
 			if len(args) == 0 {
 				return fmt.Errorf("supervise: no daemon to run: %w", errdefs.ErrInvalidArgument)

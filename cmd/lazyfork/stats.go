@@ -2,13 +2,14 @@ package main
 
 import (
 	"encoding/csv"
-	"flag"
 	"fmt"
 	"io/fs"
 	"path/filepath"
 	"strconv"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/procfs"
@@ -43,12 +44,12 @@ func init() {
 		example: `  lazyfork stats twin
   lazyfork stats twin --csv --header > stats.csv; lazyfork stats fork2 --csv >> stats.csv
   lazyfork stats twin --format '{{.RssAnon}}'`,
-		flags: func(fs *flag.FlagSet) {
+		flags: func(fs *pflag.FlagSet) {
 			addFormat(fs, &format)
 			fs.BoolVar(&asCSV, "csv", false, "one CSV row")
 			fs.BoolVar(&header, "header", false, "with --csv: a header line first")
 		},
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			o, err := parseFormat(format)
 			if err != nil {
 				return err

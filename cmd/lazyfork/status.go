@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/spf13/pflag"
 
 	"golang.org/x/sys/unix"
 
@@ -48,8 +48,8 @@ func init() {
 		example: `  lazyfork status
   lazyfork status --format json
   lazyfork status --format '{{.Snapshotter}}'`,
-		flags: func(fs *flag.FlagSet) { addFormat(fs, &format) },
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		flags: func(fs *pflag.FlagSet) { addFormat(fs, &format) },
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 0, "no arguments"); err != nil {
 				return err
 			}

@@ -1,8 +1,9 @@
 package main
 
 import (
-	"flag"
 	"fmt"
+
+	"github.com/spf13/pflag"
 )
 
 func init() {
@@ -12,7 +13,7 @@ func init() {
 		short: "snapshot a container, then end its process (it stays forkable and holds no process memory)",
 		example: `  lazyfork stop counter
   lazyfork fork counter --name again    # restores from the snapshot`,
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			id, err := a.resolveOne(pos)
 			if err != nil {
 				return err

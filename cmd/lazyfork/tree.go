@@ -1,9 +1,10 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"sort"
+
+	"github.com/spf13/pflag"
 )
 
 type treeNode struct {
@@ -20,8 +21,8 @@ func init() {
 		example: `  lazyfork tree
   lazyfork tree --format json                       # the trees, children nested
   lazyfork tree --format '{{.Depth}} {{.ID}}'       # a Go template per container, parents first`,
-		flags: func(fs *flag.FlagSet) { addFormat(fs, &format) },
-		run: func(a *app, fs *flag.FlagSet, pos, _ []string) error {
+		flags: func(fs *pflag.FlagSet) { addFormat(fs, &format) },
+		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 0, "no arguments"); err != nil {
 				return err
 			}
