@@ -221,6 +221,9 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 	if err := memfile.RemoveAll(raw); err != nil {
 		return nil, fail(err)
 	}
+	if err := dropNrPages64(imageDir); err != nil {
+		return nil, fail(err)
+	}
 	if err := addMemMount(imageDir); err != nil {
 		return nil, fail(err)
 	}

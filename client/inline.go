@@ -16,6 +16,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/lazyfork/lazyfork/api"
@@ -178,20 +179,12 @@ func inlineImage(src, dst, famDir string) error {
 	return nil
 }
 
-// inlineTask writes pid's mm, pagemap and pages into dst when any of its
-// VMAs maps a memory file; it reports whether it did.
+// inlineTask writes pid's mm, pagemap and pages into dst, every mapping of a
+// memory file made anonymous memory with its pages in the image. It reports
+// whether it wrote them (always, so far: every pagemap gets nr_pages).
 func inlineTask(dst string, pid uint32, mmImg *criuimg.MMImage, pm *criuimg.Pagemap, pages *criuimg.Pages,
 	memIDs map[uint32]string, used map[uint32]bool, open func(string) (*os.File, error)) (bool, error) {
 	vmas := mmImg.MM.GetVmas()
-	any := false
-	for _, v := range vmas {
-		if isMemVMA(v.GetStatus(), v.GetShmid(), memIDs) {
-			any = true
-		}
-	}
-	if !any {
-		return false, nil
-	}
 	for _, e := range pm.Entries {
 		if f := criuimg.Flags(e); f&criuimg.PEPresent == 0 && f&criuimg.PEParent != 0 {
 			// memfile's premap parent is empty; a real parent image is not.
@@ -291,6 +284,9 @@ func inlineTask(dst string, pid uint32, mmImg *criuimg.MMImage, pm *criuimg.Page
 	if err := out.Close(); err != nil {
 		return false, err
 	}
+	for _, e := range w.entries {
+		withNrPages64(e)
+	}
 	npm := &criuimg.Pagemap{Head: pm.Head, PagesID: pm.PagesID, HeadMsg: pm.HeadMsg, Entries: w.entries}
 	if err := criuimg.WriteImage(criuimg.PagemapPath(dst, pid), npm.Image()); err != nil {
 		return false, err
@@ -299,6 +295,43 @@ func inlineTask(dst string, pid uint32, mmImg *criuimg.MMImage, pm *criuimg.Page
 		return false, err
 	}
 	return true, nil
+}
+
+// withNrPages64 adds field 5 (nr_pages, uint64) to a pagemap entry beside
+// field 2 (nr_pages, uint32), as CRIU 4.2 and later write them: their readers
+// (go-criu v8, so checkpointctl) take the count from field 5 only, CRIU
+// 4.1's ignore it.
+func withNrPages64(e *pagemap.PagemapEntry) {
+	b := protowire.AppendTag(nil, 5, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(e.GetNrPages()))
+	e.ProtoReflect().SetUnknown(b)
+}
+
+// dropNrPages64 removes what withNrPages64 added from the pagemaps of an
+// image: memfile's rewrite changes entries by field 2, and a newer CRIU
+// would read a stale field 5.
+func dropNrPages64(imageDir string) error {
+	pms, _ := filepath.Glob(filepath.Join(imageDir, "pagemap-*.img"))
+	for _, p := range pms {
+		img, err := criuimg.ReadImage(p, criuimg.MagicPagemap, criuimg.KindOf(p).NewEntry)
+		if err != nil {
+			return err
+		}
+		changed := false
+		for _, e := range img.Entries[1:] {
+			pe := e.(*pagemap.PagemapEntry)
+			if pe.NrPages != nil && len(pe.ProtoReflect().GetUnknown()) > 0 {
+				pe.ProtoReflect().SetUnknown(nil)
+				changed = true
+			}
+		}
+		if changed {
+			if err := criuimg.WriteImage(p, img); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func isMemVMA(status uint32, shmid uint64, memIDs map[uint32]string) bool {
