@@ -20,9 +20,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/lazyfork/lazyfork/api"
+	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/integration/workloads"
-	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 )
 
