@@ -208,9 +208,11 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 	}
 	famDir := ""
 	if snap, err := memfile.ReadSnapshot(raw); err == nil {
-		if famDir, err = store.FamilyDir(snap.Family); err != nil {
-			return nil, fail(err)
+		// Its files, if this host (and root) took it; looked up, not made.
+		if !familyName.MatchString(snap.Family) {
+			return nil, fail(fmt.Errorf("the archive's LazyFork snapshot names a bad family %q: %w", snap.Family, errdefs.ErrInvalidArgument))
 		}
+		famDir = filepath.Join(api.Root(c.root).Mem(), snap.Family)
 	}
 	if err := inlineImage(raw, imageDir, famDir); err != nil {
 		if errdefs.IsNotFound(err) {

@@ -217,6 +217,36 @@ func TestExportImport(t *testing.T) {
 		t.Errorf("the plain restore maps LazyFork memory files")
 	}
 
+	// A checkpoint archive as CRI writes one of a LazyFork container holds
+	// the rewritten image: it imports where its memory files are...
+	snap, err := e.lfClient().Checkpoint(ctx, "exp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	criFiles := map[string][]byte{
+		"config.dump": mustRead(t, filepath.Join(unpacked, "config.dump")),
+		"spec.dump":   mustRead(t, filepath.Join(unpacked, "spec.dump")),
+	}
+	ents, err := os.ReadDir(snap.Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ents {
+		if d.Type().IsRegular() {
+			criFiles["checkpoint/"+d.Name()] = mustRead(t, filepath.Join(snap.Snapshot, d.Name()))
+		}
+	}
+	criArchive := filepath.Join(t.TempDir(), "cri.tar")
+	writeTar(t, criArchive, criFiles)
+	if _, err := e.lfCLI(t, "import", criArchive, "--name", "same", "--cgroup-parent", e.CgroupParent); err != nil {
+		t.Errorf("import a CRI archive of a LazyFork container on its own host: %v", err)
+	} else if err := e.lfClient().Delete(ctx, "same"); err != nil {
+		t.Error(err)
+	}
+	if err := e.lfClient().RemoveSnapshot(ctx, snap.Snapshot); err != nil {
+		t.Error(err)
+	}
+
 	// Another host: a second private stack with its own root and tmpfs.
 	e2 := startLF(t, harness.Options{})
 	ctx2 := e2.ctx(t)
@@ -245,6 +275,8 @@ func TestExportImport(t *testing.T) {
 	for _, c := range []struct{ file, want string }{
 		{junk, "not a checkpoint archive"},
 		{broken, "files image"},
+		// ...and not where they are not: the error says what to do.
+		{criArchive, "make it with `lazyfork export` where it was taken"},
 	} {
 		_, err := e2.lfCLI(t, "import", c.file, "--name", "bad", "--cgroup-parent", e2.CgroupParent)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
