@@ -243,6 +243,13 @@ func TestExportImport(t *testing.T) {
 	} else if err := e.lfClient().Delete(ctx, "same"); err != nil {
 		t.Error(err)
 	}
+	// A kept snapshot exports by its directory too.
+	out2 := filepath.Join(t.TempDir(), "snap.tar")
+	if _, err := e.lfCLI(t, "export", snap.Snapshot, "-o", out2); err != nil {
+		t.Errorf("lazyfork export SNAPSHOT: %v", err)
+	} else if b, err := exec.Command(cctl, "inspect", "--ps-tree-cmd", out2).CombinedOutput(); err != nil || !strings.Contains(string(b), "counter.py") {
+		t.Errorf("checkpointctl inspect of the snapshot's export: %v\n%s", err, b)
+	}
 	if err := e.lfClient().RemoveSnapshot(ctx, snap.Snapshot); err != nil {
 		t.Error(err)
 	}
