@@ -242,7 +242,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		}
 		c.state.Family = snap.Family
 		if err := store.Verify(snap.Family, snap.Files); err != nil {
-			return nil, fmt.Errorf("snapshot %s: %w", r.Checkpoint, err)
+			return nil, fmt.Errorf("snapshot %s: %w (%s)", r.Checkpoint, err, hintFilesGone)
 		}
 		c.state.Snapshot = r.Checkpoint
 		c.state.Holder = containerHolder(ns, r.ID)
@@ -417,7 +417,7 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 			err = errgrpc.ToGRPC(fmt.Errorf("restore of %s did not finish within %s (LAZYFORK_RESTORE_TIMEOUT); its processes were killed; CRIU's log: %s: %w",
 				r.ID, s.cfg.RestoreTimeout, filepath.Join(c.bundle, "work", "restore.log"), context.DeadlineExceeded))
 		}
-		return nil, restoreError(err, c.bundle)
+		return nil, withSnapshotHint(restoreError(err, c.bundle))
 	}
 	s.superviseIfZero(ctx, r.ID, c, int(resp.Pid))
 	cg, cerr := loadCgroup(int(resp.Pid))

@@ -60,8 +60,8 @@ func authorizeRestore(store *memfile.Store, ns string, ann map[string]string, by
 	owner, err := store.Owner(snap.Family)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return fmt.Errorf("snapshot %s: family %s has no owner on this host (its memory files are gone, or it was not made here): %w",
-				imageDir, snap.Family, errdefs.ErrPermissionDenied)
+			return fmt.Errorf("snapshot %s: family %s has no owner on this host (its memory files are gone, or it was not made here; %s): %w",
+				imageDir, snap.Family, hintFilesGone, errdefs.ErrPermissionDenied)
 		}
 		return fmt.Errorf("snapshot %s: owner of family %s: %w", imageDir, snap.Family, err)
 	}

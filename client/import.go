@@ -1,0 +1,501 @@
+package client
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	metadata "github.com/checkpoint-restore/checkpointctl/lib"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/containerd/v2/pkg/archive"
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
+	"github.com/containerd/containerd/v2/pkg/identifiers"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
+)
+
+// ImportOpt configures Import.
+type ImportOpt func(*importConfig)
+
+type importConfig struct {
+	name         string
+	snapshotter  string
+	cgroupParent string
+	runtimeOpts  any
+	labels       map[string]string
+}
+
+// WithImportName names the imported container (default: the name the
+// archive records).
+func WithImportName(name string) ImportOpt { return func(c *importConfig) { c.name = name } }
+
+// WithImportSnapshotter prepares the container's rootfs on this snapshotter
+// (default: containerd's default).
+func WithImportSnapshotter(sn string) ImportOpt {
+	return func(c *importConfig) { c.snapshotter = sn }
+}
+
+// WithImportCgroupParent puts the container's cgroup (and its forks') under
+// this cgroup (default: where the archive's container had its own).
+func WithImportCgroupParent(p string) ImportOpt {
+	return func(c *importConfig) { c.cgroupParent = p }
+}
+
+// WithImportRuntimeOptions gives the container's runtime these options
+// (runc's, e.g. its root).
+func WithImportRuntimeOptions(o any) ImportOpt { return func(c *importConfig) { c.runtimeOpts = o } }
+
+// WithImportLabels adds labels to the imported container.
+func WithImportLabels(l map[string]string) ImportOpt { return func(c *importConfig) { c.labels = l } }
+
+// ImportResult describes an Import.
+type ImportResult struct {
+	Container string // the new (stopped) container: fork it
+	Family    string
+	Snapshot  string // its snapshot's image directory
+	Pages     uint64 // pages moved into memory files
+}
+
+// Limits on an archive's entries: metadata files are small.
+const (
+	maxMetadataFile  = 16 << 20
+	importTmpfsSpare = 64 << 20
+)
+
+// Import turns a checkpoint archive (one Export wrote, or one containerd's
+// CRI or the kubelet wrote of a container) into a LazyFork snapshot under
+// this client's root, its memory rewritten into memory files of a new family
+// as a fresh dump's is, and a stopped container in the context's namespace
+// that holds it (as `lazyfork stop` leaves one): Fork makes running copies
+// of it at once. The archive's image must be in this containerd already.
+// The archive is untrusted input. On error nothing is left: no snapshot,
+// memory file, family or container.
+func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportOpt) (_ *ImportResult, retErr error) {
+	var cfg importConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) error { return fmt.Errorf("import %s: %w", archivePath, err) }
+
+	// The metadata first: a wrong file fails before anything is made.
+	meta, err := readArchiveMetadata(archivePath)
+	if err != nil {
+		return nil, fail(err)
+	}
+	name := cfg.name
+	if name == "" {
+		name = meta.config.Name
+	}
+	if name == "" {
+		name = meta.config.ID
+	}
+	if err := identifiers.Validate(name); err != nil {
+		return nil, fail(fmt.Errorf("container name %q (choose one with --name): %w", name, err))
+	}
+	if !familyName.MatchString(name) {
+		return nil, fail(fmt.Errorf("container name %q: want letters, digits, '_', '.', '-' (it names the snapshot's family too; choose one with --name): %w", name, errdefs.ErrInvalidArgument))
+	}
+	if _, err := c.cd.LoadContainer(ctx, name); err == nil {
+		return nil, fail(fmt.Errorf("a container %s exists already in namespace %s; choose another name (--name): %w", name, ns, errdefs.ErrAlreadyExists))
+	}
+	if id, err := c.Resolve(ctx, name); err == nil && id != name {
+		return nil, fail(fmt.Errorf("container %s is named %s already; choose another name (--name): %w", id, name, errdefs.ErrAlreadyExists))
+	}
+	imgName := meta.config.RootfsImageName
+	if imgName == "" {
+		imgName = meta.config.RootfsImage
+	}
+	if imgName == "" {
+		return nil, fail(fmt.Errorf("%s names no image: %w", metadata.ConfigDumpFile, errdefs.ErrInvalidArgument))
+	}
+	img, err := c.cd.GetImage(ctx, imgName)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, fail(fmt.Errorf("the archive's container runs image %s, which is not in namespace %s: pull it first (lazyfork pull %s): %w", imgName, ns, imgName, errdefs.ErrNotFound))
+		}
+		return nil, fail(err)
+	}
+	sn := cfg.snapshotter
+	if sn == "" {
+		if sn, err = c.cd.GetLabel(ctx, defaults.DefaultSnapshotterNSLabel); err != nil {
+			return nil, fail(err)
+		}
+		if sn == "" {
+			sn = defaults.DefaultSnapshotter
+		}
+	}
+	if ok, err := img.IsUnpacked(ctx, sn); err != nil || !ok {
+		if err := img.Unpack(ctx, sn); err != nil {
+			return nil, fail(fmt.Errorf("unpack image %s on %s: %w", imgName, sn, err))
+		}
+	}
+
+	// The snapshot lives on LazyFork's tmpfs, beside its memory files.
+	if err := memfile.EnsureTmpfs(c.root, tmpfsSizeFromEnv()); err != nil {
+		return nil, fail(err)
+	}
+	store, err := memfile.OpenStore(api.Root(c.root).Mem())
+	if err != nil {
+		return nil, fail(err)
+	}
+	if err := os.MkdirAll(c.snapshotsDir(), 0o700); err != nil {
+		return nil, fail(err)
+	}
+	snapDir, err := os.MkdirTemp(c.snapshotsDir(), "import-")
+	if err != nil {
+		return nil, fail(err)
+	}
+	family := ""
+	rewritten := false
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		if rewritten {
+			if err := c.removeSnapshot(family, snapDir); err != nil {
+				log.G(ctx).WithError(err).WithField("snapshot", snapDir).Warn("lazyfork: remove the failed import's snapshot")
+			}
+		} else if err := memfile.RemoveAll(snapDir); err != nil {
+			log.G(ctx).WithError(err).WithField("snapshot", snapDir).Warn("lazyfork: remove the failed import's snapshot")
+		}
+		if family != "" {
+			_, _ = store.GC(context.WithoutCancel(ctx))
+		}
+	}()
+	imageDir := api.ImageDir(snapDir)
+	raw := filepath.Join(snapDir, "archive-image")
+	upper := filepath.Join(snapDir, "upper")
+	for _, d := range []string{raw, upper} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, fail(err)
+		}
+	}
+	if err := unpackArchive(ctx, archivePath, raw, upper); err != nil {
+		return nil, fail(err)
+	}
+	// A CRI archive of a LazyFork container holds a rewritten image: its
+	// memory is in files of the host (and root) that took it.
+	if err := os.Mkdir(imageDir, 0o700); err != nil {
+		return nil, fail(err)
+	}
+	famDir := ""
+	if snap, err := memfile.ReadSnapshot(raw); err == nil {
+		// Its files, if this host (and root) took it; looked up, not made.
+		if !familyName.MatchString(snap.Family) {
+			return nil, fail(fmt.Errorf("the archive's LazyFork snapshot names a bad family %q: %w", snap.Family, errdefs.ErrInvalidArgument))
+		}
+		famDir = filepath.Join(api.Root(c.root).Mem(), snap.Family)
+	}
+	if err := inlineImage(raw, imageDir, famDir); err != nil {
+		if errdefs.IsNotFound(err) {
+			err = fmt.Errorf("%w; this archive holds a LazyFork snapshot, not a standard CRIU image: make it with `lazyfork export` where it was taken", err)
+		}
+		return nil, fail(err)
+	}
+	if err := memfile.RemoveAll(raw); err != nil {
+		return nil, fail(err)
+	}
+	if err := dropNrPages64(imageDir); err != nil {
+		return nil, fail(err)
+	}
+	if err := addMemMount(imageDir); err != nil {
+		return nil, fail(err)
+	}
+
+	family, err = claimFamily(store, ns, name)
+	if err != nil {
+		return nil, fail(err)
+	}
+	famDir, err = store.FamilyDir(family)
+	if err != nil {
+		return nil, fail(err)
+	}
+	src := &api.SnapshotSource{Namespace: ns, Container: name, Family: family, Taken: time.Now().UTC()}
+	res, err := store.Rewrite(ctx, imageDir, memfile.RewriteOptions{
+		Family: family,
+		MapDir: memfile.MountPath,
+		Stage: func(_ context.Context, staging string) error {
+			b, err := json.Marshal(src)
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(staging, api.SourceFile), b, 0o600); err != nil {
+				return err
+			}
+			rs, err := madvguard.DataRanges(staging, memfile.MountPath, famDir)
+			if err != nil {
+				return fmt.Errorf("madvise guard ranges: %w", err)
+			}
+			return madvguard.ApplyMode(staging, rs, madvguard.Refuse)
+		},
+	})
+	if err != nil {
+		if errors.Is(err, unix.ENOSPC) {
+			err = fmt.Errorf("%w: LazyFork's tmpfs at %s is full: %w", err, c.root, errdefs.ErrResourceExhausted)
+		}
+		return nil, fail(fmt.Errorf("rewrite into memory files of family %s: %w", family, err))
+	}
+	rewritten = true
+	if err := writeRootfsSource(snapDir, &rootfsSource{UpperCopy: upper, Snapshotter: sn, Namespace: ns}); err != nil {
+		return nil, fail(err)
+	}
+
+	spec := meta.spec
+	if spec.Linux == nil {
+		spec.Linux = &specs.Linux{}
+	}
+	switch {
+	case cfg.cgroupParent != "":
+		spec.Linux.CgroupsPath = filepath.Join(cfg.cgroupParent, name)
+	default:
+		spec.Linux.CgroupsPath = forkCgroupsPath(spec.Linux.CgroupsPath, meta.config.ID, name)
+	}
+	if spec.Annotations != nil {
+		delete(spec.Annotations, api.AnnotationFamily)
+		delete(spec.Annotations, api.AnnotationShimGroup)
+	}
+	labels := map[string]string{api.LabelName: name, api.LabelFamily: family, api.LabelStopped: imageDir}
+	for k, v := range cfg.labels {
+		labels[k] = v
+	}
+	ospec := oci.Spec(*spec)
+	_, err = c.cd.NewContainer(ctx, name,
+		containerd.WithImage(img),
+		containerd.WithSnapshotter(sn),
+		containerd.WithNewSnapshot(name, img),
+		containerd.WithSpec(&ospec),
+		containerd.WithRuntime(api.RuntimeName, cfg.runtimeOpts),
+		containerd.WithContainerLabels(labels),
+	)
+	if err != nil {
+		return nil, fail(fmt.Errorf("create container %s: %w", name, err))
+	}
+	return &ImportResult{Container: name, Family: family, Snapshot: imageDir, Pages: res.PagesMoved}, nil
+}
+
+// archiveMetadata is what an archive says about its container.
+type archiveMetadata struct {
+	config metadata.ContainerConfig
+	spec   *specs.Spec
+}
+
+// openArchive opens a (possibly gzipped) tar.
+func openArchive(p string) (*tar.Reader, io.Closer, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	br := bufio.NewReader(f)
+	var r io.Reader = br
+	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		r = zr
+	}
+	return tar.NewReader(r), f, nil
+}
+
+// entryName is a tar entry's clean relative name.
+func entryName(h *tar.Header) string {
+	return path.Clean(strings.TrimPrefix(h.Name, "./"))
+}
+
+// readArchiveMetadata reads config.dump and spec.dump and checks that the
+// archive has a CRIU image.
+func readArchiveMetadata(p string) (*archiveMetadata, error) {
+	tr, closer, err := openArchive(p)
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	var m archiveMetadata
+	var haveConfig, haveSpec, haveImage bool
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("not a checkpoint archive (a tar as lazyfork export or a CRI checkpoint writes): %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		name := entryName(h)
+		if name == path.Join(metadata.CheckpointDirectory, "inventory.img") && h.Typeflag == tar.TypeReg {
+			haveImage = true
+		}
+		if name != metadata.ConfigDumpFile && name != metadata.SpecDumpFile || h.Typeflag != tar.TypeReg {
+			continue
+		}
+		if h.Size > maxMetadataFile {
+			return nil, fmt.Errorf("%s of %d bytes: %w", name, h.Size, errdefs.ErrInvalidArgument)
+		}
+		b, err := io.ReadAll(io.LimitReader(tr, maxMetadataFile))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v: %w", name, err, errdefs.ErrInvalidArgument)
+		}
+		if name == metadata.ConfigDumpFile {
+			err, haveConfig = json.Unmarshal(b, &m.config), true
+		} else {
+			m.spec, haveSpec = &specs.Spec{}, true
+			err = json.Unmarshal(b, m.spec)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v: %w", name, err, errdefs.ErrInvalidArgument)
+		}
+	}
+	var missing []string
+	for n, ok := range map[string]bool{metadata.ConfigDumpFile: haveConfig, metadata.SpecDumpFile: haveSpec, metadata.CheckpointDirectory + "/inventory.img": haveImage} {
+		if !ok {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("not a checkpoint archive: no %s (lazyfork export and CRI checkpoints write them): %w", strings.Join(missing, ", "), errdefs.ErrInvalidArgument)
+	}
+	if m.spec.Process == nil || m.spec.Root == nil {
+		return nil, fmt.Errorf("%s has no process or root: %w", metadata.SpecDumpFile, errdefs.ErrInvalidArgument)
+	}
+	return &m, nil
+}
+
+// unpackArchive writes the regular files directly under checkpoint/ into
+// image, and applies rootfs-diff.tar (an OCI layer) to upper as an overlay
+// upper directory (whiteouts as overlay's). Entries are untrusted: only
+// plain names one level below checkpoint/ are written, each created anew
+// (O_EXCL, no links followed); the layer applier keeps every path inside
+// upper. The whole must fit in what the tmpfs has free.
+func unpackArchive(ctx context.Context, p, image, upper string) error {
+	tr, closer, err := openArchive(p)
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(image, &fs); err != nil {
+		return err
+	}
+	budget := int64(fs.Bavail)*fs.Bsize - importTmpfsSpare
+	var total int64
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		name := entryName(h)
+		if name == metadata.RootFsDiffTar && h.Typeflag == tar.TypeReg {
+			if h.Size > budget-total {
+				return noSpace(name, h.Size, budget)
+			}
+			total += h.Size
+			layer, err := compression.DecompressStream(tr)
+			if err != nil {
+				return fmt.Errorf("%s: %v: %w", name, err, errdefs.ErrInvalidArgument)
+			}
+			_, err = archive.Apply(ctx, upper, layer, archive.WithConvertWhiteout(archive.OverlayConvertWhiteout))
+			layer.Close()
+			if err != nil {
+				if errors.Is(err, unix.ENOSPC) {
+					return noSpace(name, h.Size, budget)
+				}
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			continue
+		}
+		dir, file := path.Split(name)
+		if path.Clean(dir) != metadata.CheckpointDirectory || file == "" || file == "." || file == ".." {
+			continue
+		}
+		switch h.Typeflag {
+		case tar.TypeReg:
+		case tar.TypeDir:
+			continue
+		default:
+			return fmt.Errorf("entry %q is not a regular file: %w", h.Name, errdefs.ErrInvalidArgument)
+		}
+		if h.Size < 0 || h.Size > budget-total {
+			return noSpace(h.Name, h.Size, budget)
+		}
+		total += h.Size
+		out, err := os.OpenFile(filepath.Join(image, file), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = io.CopyN(out, tr, h.Size)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			if errors.Is(err, unix.ENOSPC) {
+				return noSpace(h.Name, h.Size, budget)
+			}
+			return fmt.Errorf("entry %q: %w", h.Name, err)
+		}
+	}
+}
+
+func noSpace(entry string, size, budget int64) error {
+	return fmt.Errorf("entry %q of %d bytes does not fit: LazyFork's tmpfs has %d bytes left (less %d MiB kept free); free memory files (lazyfork gc, delete stopped containers) or raise LAZYFORK_TMPFS_SIZE: %w",
+		entry, size, max(budget, 0), importTmpfsSpare>>20, errdefs.ErrResourceExhausted)
+}
+
+// claimFamily starts the family of an imported snapshot: the container's
+// name, or with a suffix when a family of that name exists already.
+func claimFamily(store *memfile.Store, ns, name string) (string, error) {
+	sum := sha256.Sum256([]byte(ns + "/" + name + "/" + strconv.FormatInt(time.Now().UnixNano(), 10)))
+	for _, family := range []string{name, name + "-" + hex.EncodeToString(sum[:4])} {
+		if _, err := store.Owner(family); err == nil {
+			continue
+		}
+		err := store.Claim(family, memfile.Owner{Namespace: ns, Root: name, Created: time.Now().UTC()})
+		if err == nil {
+			return family, nil
+		}
+		if !errdefs.IsAlreadyExists(err) {
+			return "", fmt.Errorf("start family %s: %w", family, err)
+		}
+	}
+	return "", fmt.Errorf("no free family name for %s: %w", name, errdefs.ErrAlreadyExists)
+}
+
+// familyName is memfile's rule for family names.
+var familyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// tmpfsSizeFromEnv is the shim's tmpfs size (LAZYFORK_TMPFS_SIZE), 0 for the
+// kernel's default.
+func tmpfsSizeFromEnv() int64 {
+	n, _ := strconv.ParseInt(os.Getenv("LAZYFORK_TMPFS_SIZE"), 10, 64)
+	return max(n, 0)
+}
