@@ -2,11 +2,11 @@ package main
 
 import (
 	"fmt"
-	"github.com/spf13/pflag"
 	"os"
 	"strings"
 
 	"github.com/containerd/errdefs"
+	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/client"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
@@ -21,14 +21,10 @@ func init() {
   lazyfork export /run/lazyfork/snapshots/ID -o snap.tar
   checkpointctl inspect --all counter.tar`,
 		flags: func(fs *pflag.FlagSet) {
-			fs.String("o", "", "the archive to write (must not exist)")
-			fs.String("output", "", "same as -o")
+			fs.StringP("output", "o", "", "the archive to write (must not exist)")
 		},
 		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
-			out := flagString(fs, "o")
-			if out == "" {
-				out = flagString(fs, "output")
-			}
+			out := flagString(fs, "output")
 			if err := needArgs(pos, 1, "NAME|SNAPSHOT"); err != nil {
 				return err
 			}
@@ -56,7 +52,7 @@ func init() {
 		args:  "FILE",
 		short: "make a checkpoint archive (lazyfork export, or a CRI/kubelet checkpoint) a stopped LazyFork container to fork",
 		example: `  lazyfork import counter.tar --name counter2
-  lazyfork fork counter2 -n 3`,
+  lazyfork fork counter2 --count 3`,
 		flags: func(fs *pflag.FlagSet) {
 			fs.String("name", "", "the container's name (default: the archive's)")
 			fs.String("snapshotter", "", "snapshotter of its rootfs (default: LazyFork's if containerd has it, else overlayfs)")
