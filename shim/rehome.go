@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/cgroupmem"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
@@ -318,15 +319,15 @@ const (
 // two minimal chunks of headroom is refused: its move would drive it into
 // its own OOM killer.
 func moveChunk(pid int) (uint64, error) {
-	dir, err := memoryCgroupDir(pid)
+	path, _, err := procfs.Cgroup(pid, "memory")
 	if err != nil {
 		return maxMoveChunk, nil // no memory controller: no limit to honour
 	}
-	limit, usage, ok := memoryLimit(dir)
-	if !ok {
+	limit, usage, ok, err := cgroupmem.Limit(path)
+	if err != nil || !ok {
 		return maxMoveChunk, nil
 	}
-	headroom := uint64(0)
+	headroom := int64(0)
 	if limit > usage {
 		headroom = limit - usage
 	}
@@ -334,27 +335,7 @@ func moveChunk(pid int) (uint64, error) {
 		return 0, fmt.Errorf("the container is %d KiB under its memory limit of %d MiB; moving its memory onto a file needs %d MiB of headroom: raise the limit, or set %s=false: %w",
 			headroom>>10, limit>>20, 2*minMoveChunk>>20, api.AnnotationRehome, errdefs.ErrResourceExhausted)
 	}
-	return min(maxMoveChunk, headroom/2) &^ 4095, nil
-}
-
-// memoryLimit reads a memory cgroup's limit and usage (v1 or v2); ok is
-// false when it has no limit.
-func memoryLimit(dir string) (limit, usage uint64, ok bool) {
-	read := func(name string) (uint64, bool) {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			return 0, false
-		}
-		v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-		return v, err == nil
-	}
-	if l, found := read("memory.limit_in_bytes"); found {
-		u, _ := read("memory.usage_in_bytes")
-		return l, u, l < 1<<62
-	}
-	l, found := read("memory.max") // "max" does not parse: no limit
-	u, _ := read("memory.current")
-	return l, u, found
+	return uint64(min(maxMoveChunk, headroom/2)) &^ 4095, nil
 }
 
 // cgroupDir is the directory of process pid's cgroup for a controller: in

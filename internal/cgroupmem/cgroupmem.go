@@ -63,6 +63,34 @@ func Usage(p string) (int64, error) {
 	return 0, fmt.Errorf("no memory usage for cgroup %s (tried %v): %w", p, tried, errdefs.ErrNotFound)
 }
 
+// Limit returns cgroup p's memory limit and usage in bytes; ok is false when
+// the cgroup has no limit (v1: the "unlimited" page-rounded maximum, v2: "max").
+func Limit(p string) (limit, usage int64, ok bool, err error) {
+	ds, err := dirs(p)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	for _, d := range ds {
+		limitFile := "memory.max"
+		if d[1] == "memory.usage_in_bytes" {
+			limitFile = "memory.limit_in_bytes"
+		}
+		b, err := os.ReadFile(filepath.Join(d[0], limitFile))
+		if err != nil {
+			continue
+		}
+		if usage, err = Usage(p); err != nil {
+			return 0, 0, false, err
+		}
+		l, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || l >= 1<<62 { // "max", or v1's unlimited
+			return 0, usage, false, nil
+		}
+		return l, usage, true, nil
+	}
+	return 0, 0, false, fmt.Errorf("no memory limit for cgroup %s: %w", p, errdefs.ErrNotFound)
+}
+
 // Stat returns cgroup p's memory.stat (bytes and counters by key, e.g.
 // "anon" and "shmem" on v2, "rss" and "shmem" on v1).
 func Stat(p string) (map[string]int64, error) {

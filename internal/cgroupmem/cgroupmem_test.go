@@ -1,7 +1,9 @@
 package cgroupmem
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -32,5 +34,40 @@ func TestOwnCgroup(t *testing.T) {
 	}
 	if _, err := Usage("system.slice:foo"); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("relative path: %v", err)
+	}
+}
+
+// A cgroup made with a limit reports it and its usage; without one, ok is false.
+func TestLimit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a cgroup")
+	}
+	self, _, err := procfs.Cgroup(os.Getpid(), "memory")
+	if err != nil {
+		t.Skip(err)
+	}
+	ds, err := dirs(self)
+	if err != nil || len(ds) == 0 {
+		t.Skipf("no memory cgroup: %v", err)
+	}
+	p := filepath.Join(self, fmt.Sprintf("lazyfork-limit-test-%d", os.Getpid()))
+	dir := filepath.Join(ds[0][0], filepath.Base(p))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot make a cgroup under %s: %v", ds[0][0], err)
+	}
+	defer os.Remove(dir)
+	if _, _, ok, err := Limit(p); err != nil || ok {
+		t.Fatalf("new cgroup: ok %v err %v, want no limit", ok, err)
+	}
+	limitFile := "memory.max"
+	if ds[0][1] == "memory.usage_in_bytes" {
+		limitFile = "memory.limit_in_bytes"
+	}
+	if err := os.WriteFile(filepath.Join(dir, limitFile), []byte("67108864"), 0); err != nil {
+		t.Fatal(err)
+	}
+	l, u, ok, err := Limit(p)
+	if err != nil || !ok || l != 64<<20 || u < 0 {
+		t.Fatalf("limited cgroup: limit %d usage %d ok %v err %v, want 64 MiB", l, u, ok, err)
 	}
 }
