@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
-	"golang.org/x/sys/unix"
 )
 
 // DefaultMaxForks bounds the forks one Fork call makes (WithMaxForks,
@@ -74,17 +73,16 @@ func (c *Client) checkResources(ctx context.Context, parentID string, task conta
 	if err != nil || need == 0 {
 		return nil
 	}
-	if err := os.MkdirAll(c.root, 0o700); err != nil {
+	root, free, err := c.node.FreeSpace(ctx)
+	if err != nil {
+		if errdefs.IsUnavailable(err) {
+			return fmt.Errorf("fork %s: %w", parentID, err)
+		}
 		return nil
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(c.root, &st); err != nil {
-		return nil
-	}
-	free := st.Bavail * uint64(st.Bsize)
 	if need > free {
 		return fmt.Errorf("fork %s: its snapshot needs about %d MiB (the parent's memory) in %s, which has %d MiB free: free space there (lazyfork gc removes leftovers) or enlarge its tmpfs: %w",
-			parentID, need>>20, c.root, free>>20, errdefs.ErrResourceExhausted)
+			parentID, need>>20, root, free>>20, errdefs.ErrResourceExhausted)
 	}
 	return nil
 }
