@@ -113,7 +113,7 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 		return "", err
 	}
 	logPath := a.logPath(id)
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+	if err := a.lf.Node().PrepareLog(a.ctx, logPath); err != nil {
 		return "", err
 	}
 	labels := map[string]string{api.LabelLog: logPath}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
@@ -106,7 +105,7 @@ func (a *app) delete(id string, force bool) error {
 		return err
 	}
 	if logPath != "" {
-		os.Remove(logPath)
+		_ = a.lf.Node().RemoveLog(a.ctx, logPath)
 	}
 	return nil
 }

@@ -33,7 +33,9 @@ type globals struct {
 	address   string
 	namespace string
 	root      string
-	logDir    string
+	// api is the node API's socket ("": the root's, see nodeOpt).
+	api    string
+	logDir string
 	// allRuntimes: commands see and act on containers of every runtime,
 	// not only LazyFork's (io.containerd.lazyfork.v1).
 	allRuntimes bool
@@ -95,6 +97,7 @@ func defaultGlobals() globals {
 		address:   envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"),
 		namespace: envOr("CONTAINERD_NAMESPACE", "default"),
 		root:      envOr("LAZYFORK_ROOT", api.DefaultRoot),
+		api:       os.Getenv("LAZYFORK_API"),
 		logDir:    envOr("LAZYFORK_LOG_DIR", "/var/log/lazyfork/containers"),
 	}
 }
@@ -105,6 +108,7 @@ func addGlobals(fs *flag.FlagSet, g *globals) {
 	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
 	fs.StringVar(&g.namespace, "n", g.namespace, "shorthand for --namespace (before the command)")
 	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
+	fs.StringVar(&g.api, "api", g.api, "LazyFork's node API socket (default: ROOT/snapshotter.sock.ttrpc) ($LAZYFORK_API)")
 	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
 	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }
@@ -227,11 +231,28 @@ func runCommand(c *command, g globals, args []string) error {
 		}
 		defer cd.Close()
 		a.cd = cd
-		a.lf = client.New(cd, client.WithRoot(g.root))
+		a.lf = client.New(cd, nodeOpt(g))
 	} else {
-		a.lf = client.New(nil, client.WithRoot(g.root))
+		a.lf = client.New(nil, nodeOpt(g))
 	}
+	defer a.lf.Node().Close()
 	return c.run(a, fs, pos, cmd)
+}
+
+// nodeOpt is how the client reaches LazyFork's root: through the node API
+// (--api, else the root's socket, which lazyfork setup has
+// lazyfork-snapshotter serve); only a root other than the default whose
+// socket is missing (a private stack without the snapshotter, on this host)
+// is worked on directly.
+func nodeOpt(g globals) client.Opt {
+	if g.api != "" {
+		return client.WithAPI(g.api)
+	}
+	sock := api.Root(g.root).APISocket()
+	if _, err := os.Stat(sock); err != nil && filepath.Clean(g.root) != api.DefaultRoot {
+		return client.WithRoot(g.root)
+	}
+	return client.WithAPI(sock)
 }
 
 // permissionDenied is the error for a user who may not use containerd's
@@ -247,6 +268,7 @@ func addGlobalsLong(fs *flag.FlagSet, g *globals) {
 	fs.StringVar(&g.address, "address", g.address, "containerd socket ($CONTAINERD_ADDRESS)")
 	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
 	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
+	fs.StringVar(&g.api, "api", g.api, "LazyFork's node API socket (default: ROOT/snapshotter.sock.ttrpc) ($LAZYFORK_API)")
 	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
 	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }

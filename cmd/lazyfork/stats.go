@@ -4,16 +4,11 @@ import (
 	"encoding/csv"
 	"flag"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/lazyfork/lazyfork/api"
-	"github.com/lazyfork/lazyfork/memfile"
 )
 
 type stats struct {
@@ -65,17 +60,15 @@ func init() {
 			labels, _ := ctr.Labels(a.ctx)
 			s := stats{ID: r.ID, Name: r.Name, State: r.State, Memory: r.Memory,
 				MemFile: r.MemFile, MemFileBytes: r.MemFileBytes, MemFileMappings: r.MemFileMappings}
-			if r.PID != 0 {
-				s.RssAnon, s.RssShared = procRss(r.PID)
-			}
+			s.RssAnon, s.RssShared = r.rssAnon, r.rssShared
 			s.Snapshot = labels[api.LabelStopped]
 			if s.Snapshot == "" {
 				s.Snapshot = labels[api.LabelSnapshot]
 			}
 			if s.Snapshot != "" {
-				if info, err := memfile.ReadSnapshot(s.Snapshot); err == nil {
+				if info, err := a.lf.Node().Snapshot(a.ctx, s.Snapshot); err == nil {
 					s.SnapshotPages = info.Pages
-					s.SnapshotBytes = dirBytes(s.Snapshot)
+					s.SnapshotBytes = info.Bytes
 				} else {
 					s.Snapshot += " (removed)"
 				}
@@ -120,38 +113,3 @@ func init() {
 }
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
-
-// procRss reads RssAnon and RssShmem (pages of the memory files) of a process.
-func procRss(pid uint32) (anon, shared int64) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "RssAnon:":
-			anon = v << 10
-		case "RssShmem:":
-			shared = v << 10
-		}
-	}
-	return anon, shared
-}
-
-func dirBytes(dir string) int64 {
-	var n int64
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
-		}
-		return nil
-	})
-	return n
-}
