@@ -170,7 +170,11 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	if cfg.ids != nil && len(cfg.ids) != n {
 		return nil, fmt.Errorf("fork %s: %d ids for %d forks: %w", parentID, len(cfg.ids), n, errdefs.ErrInvalidArgument)
 	}
-	if err := checkMemory(parentID, n); err != nil {
+	sp, err := c.node.FreeSpace(ctx)
+	if err != nil && errdefs.IsUnavailable(err) {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	if err := checkMemory(parentID, n, sp.MemAvailable); err != nil {
 		return nil, err
 	}
 	ns, err := namespaces.NamespaceRequired(ctx)

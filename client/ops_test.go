@@ -16,7 +16,7 @@ func TestCheckCount(t *testing.T) {
 	if err := checkCount("p", DefaultMaxForks, DefaultMaxForks); err != nil {
 		t.Errorf("n = limit: %v", err)
 	}
-	if err := checkMemory("p", 1<<40); !errdefs.IsResourceExhausted(err) {
+	if err := checkMemory("p", 1<<40, 1<<30); !errdefs.IsResourceExhausted(err) {
 		t.Errorf("2^40 forks: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -282,16 +283,40 @@ func (l *Local) Families(context.Context) ([]Family, error) {
 	return out, nil
 }
 
-// FreeSpace is the space left on the root's filesystem.
-func (l *Local) FreeSpace(context.Context) (string, uint64, error) {
+// FreeSpace is the space left on the root's filesystem and the host's
+// available memory.
+func (l *Local) FreeSpace(context.Context) (Space, error) {
+	sp := Space{Root: string(l.root)}
+	sp.MemAvailable, _ = memAvailable()
 	if err := os.MkdirAll(string(l.root), 0o700); err != nil {
-		return string(l.root), 0, err
+		return sp, err
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(string(l.root), &st); err != nil {
-		return string(l.root), 0, err
+		return sp, err
 	}
-	return string(l.root), st.Bavail * uint64(st.Bsize), nil
+	sp.Free = st.Bavail * uint64(st.Bsize)
+	return sp, nil
+}
+
+// memAvailable is MemAvailable of /proc/meminfo, in bytes.
+func memAvailable() (uint64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0, err
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo: %w", errdefs.ErrNotFound)
 }
 
 func (l *Local) opPath(id string) string { return filepath.Join(l.root.Ops(), id+".json") }

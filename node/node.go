@@ -32,8 +32,8 @@ type Node interface {
 
 	// Families reports every family of the memory store, by name.
 	Families(ctx context.Context) ([]Family, error)
-	// FreeSpace is the root and the bytes free on its filesystem.
-	FreeSpace(ctx context.Context) (root string, free uint64, err error)
+	// FreeSpace is the room the node has for snapshots and forks.
+	FreeSpace(ctx context.Context) (Space, error)
 
 	// SaveOp writes an operation's record; RemoveOp removes it.
 	SaveOp(ctx context.Context, rec *api.OpRecord) error
@@ -115,6 +115,16 @@ type Family struct {
 	// recorded: a rewrite's to its shim, a moved container's to the
 	// container.
 	ChargedTo map[string]string
+}
+
+// Space is the room the node has for snapshots and forks.
+type Space struct {
+	// Root and Free: the root and the bytes free on its filesystem.
+	Root string
+	Free uint64
+	// MemAvailable is the node's MemAvailable (/proc/meminfo), 0 if
+	// unknown.
+	MemAvailable uint64
 }
 
 // OpState is an operation's record and whether the operation is alive.

@@ -167,14 +167,14 @@ func (r *Remote) Families(ctx context.Context) ([]Family, error) {
 	return out, nil
 }
 
-func (r *Remote) FreeSpace(ctx context.Context) (string, uint64, error) {
+func (r *Remote) FreeSpace(ctx context.Context) (Space, error) {
 	resp, err := call(r, func(c pb.NodeClient) (*pb.FreeSpaceResponse, error) {
 		return c.FreeSpace(ctx, &pb.Empty{})
 	})
 	if err != nil {
-		return "", 0, err
+		return Space{}, err
 	}
-	return resp.Root, resp.FreeBytes, nil
+	return Space{Root: resp.Root, Free: resp.FreeBytes, MemAvailable: resp.MemAvailableBytes}, nil
 }
 
 func (r *Remote) SaveOp(ctx context.Context, rec *api.OpRecord) error {

@@ -86,11 +86,11 @@ func (s *Service) Families(ctx context.Context, _ *pb.Empty) (*pb.FamiliesRespon
 }
 
 func (s *Service) FreeSpace(ctx context.Context, _ *pb.Empty) (*pb.FreeSpaceResponse, error) {
-	root, free, err := s.N.FreeSpace(ctx)
+	sp, err := s.N.FreeSpace(ctx)
 	if err != nil {
 		return nil, toGRPC(err)
 	}
-	return &pb.FreeSpaceResponse{Root: root, FreeBytes: free}, nil
+	return &pb.FreeSpaceResponse{Root: sp.Root, FreeBytes: sp.Free, MemAvailableBytes: sp.MemAvailable}, nil
 }
 
 func (s *Service) SaveOp(ctx context.Context, r *pb.OpRecord) (*pb.Empty, error) {

@@ -738,11 +738,14 @@ func (x *FamiliesResponse) GetFamilies() []*Family {
 }
 
 type FreeSpaceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Root          string                 `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
-	FreeBytes     uint64                 `protobuf:"varint,2,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Root      string                 `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
+	FreeBytes uint64                 `protobuf:"varint,2,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	// mem_available_bytes: MemAvailable of the node's /proc/meminfo (0:
+	// unknown).
+	MemAvailableBytes uint64 `protobuf:"varint,3,opt,name=mem_available_bytes,json=memAvailableBytes,proto3" json:"mem_available_bytes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *FreeSpaceResponse) Reset() {
@@ -785,6 +788,13 @@ func (x *FreeSpaceResponse) GetRoot() string {
 func (x *FreeSpaceResponse) GetFreeBytes() uint64 {
 	if x != nil {
 		return x.FreeBytes
+	}
+	return 0
+}
+
+func (x *FreeSpaceResponse) GetMemAvailableBytes() uint64 {
+	if x != nil {
+		return x.MemAvailableBytes
 	}
 	return 0
 }
@@ -1898,11 +1908,12 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"C\n" +
 	"\x10FamiliesResponse\x12/\n" +
-	"\bfamilies\x18\x01 \x03(\v2\x13.lazyfork.v1.FamilyR\bfamilies\"F\n" +
+	"\bfamilies\x18\x01 \x03(\v2\x13.lazyfork.v1.FamilyR\bfamilies\"v\n" +
 	"\x11FreeSpaceResponse\x12\x12\n" +
 	"\x04root\x18\x01 \x01(\tR\x04root\x12\x1d\n" +
 	"\n" +
-	"free_bytes\x18\x02 \x01(\x04R\tfreeBytes\"\xe9\x02\n" +
+	"free_bytes\x18\x02 \x01(\x04R\tfreeBytes\x12.\n" +
+	"\x13mem_available_bytes\x18\x03 \x01(\x04R\x11memAvailableBytes\"\xe9\x02\n" +
 	"\bOpRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x16\n" +
