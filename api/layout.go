@@ -5,6 +5,10 @@ import "path/filepath"
 // DefaultRoot is where LazyFork mounts its tmpfs (LAZYFORK_ROOT changes it).
 const DefaultRoot = "/run/lazyfork"
 
+// DefaultAPISocket is where lazyfork-snapshotter serves its ttrpc API
+// (lazyfork.v1: Snapshotter and Node) on a node set up by lazyfork setup.
+const DefaultAPISocket = DefaultRoot + "/snapshotter.sock.ttrpc"
+
 // Root is LazyFork's root directory, a tmpfs: everything the parts share on
 // one host lives under it and vanishes at reboot.
 //
@@ -14,9 +18,15 @@ const DefaultRoot = "/run/lazyfork"
 //	ROOT/snapshots/<id>/image  snapshot images (CRIU dump + SnapshotFile + SourceFile)
 //	ROOT/snapshots/<id>/RootfsFile  where the snapshot's forks get the parent's layer
 //	ROOT/families/<family>.json    FamilyRecord
-//	ROOT/ops/<op>.json         journal of fork calls in progress (client)
-//	ROOT/locks/                per-parent locks of fork calls (client)
-//	ROOT/logs/                 restore logs kept for failed forks (client)
+//	ROOT/ops/<op>.json         journal of fork calls in progress (OpRecord)
+//	ROOT/locks/                per-parent and per-operation locks of fork calls
+//	ROOT/logs/                 restore logs kept for failed forks
+//	ROOT/snapshotter.sock.ttrpc  the node API (APISocket), when setup starts
+//	                           lazyfork-snapshotter there
+//
+// Only processes on the node open these files: the shim, the memfile store
+// and lazyfork-snapshotter's node API (package node); clients (the CLI, the
+// Go SDK) go through that API.
 type Root string
 
 // Mem is the root of the family memory store.
@@ -41,3 +51,7 @@ func (r Root) Locks() string { return filepath.Join(string(r), "locks") }
 
 // Logs holds logs kept for the user (a failed restore's CRIU log).
 func (r Root) Logs() string { return filepath.Join(string(r), "logs") }
+
+// APISocket is where lazyfork setup has lazyfork-snapshotter serve its ttrpc
+// API for this root.
+func (r Root) APISocket() string { return filepath.Join(string(r), "snapshotter.sock.ttrpc") }

@@ -122,3 +122,36 @@ func ReadSnapshotSource(imageDir string) (*SnapshotSource, error) {
 	}
 	return &src, nil
 }
+
+// OpRecord is the intent journal of one fork call (Root.Ops()/<ID>.json):
+// what it may have made, so that whoever finds it after the call died
+// (the client's Reconcile) can undo it. It is written before the parent is
+// paused and updated as resources appear; it goes when the call has ended,
+// cleanly. The call is alive while it holds its lock "op:<ID>"; records of
+// older clients name their process instead (PID, PIDStart).
+type OpRecord struct {
+	ID        string `json:"id"`
+	Namespace string `json:"namespace"`
+	Parent    string `json:"parent"`
+	// PID and PIDStart (field 22 of /proc/PID/stat) identify the process
+	// of a call made by an older client; a reused PID has another start
+	// time. Zero in records that rely on the op lock.
+	PID      int    `json:"pid,omitempty"`
+	PIDStart string `json:"pidStart,omitempty"`
+	// Paused: this call paused (or was about to pause) the parent; a dead
+	// call's parent is thawed if it is still paused.
+	Paused bool `json:"paused,omitempty"`
+	// SnapshotDir is ROOT/snapshots/<x>, the snapshot's directory.
+	SnapshotDir string `json:"snapshotDir,omitempty"`
+	// ImageDir is the image directory the forks restore from (their
+	// LabelSnapshot): in SnapshotDir, or a kept snapshot's.
+	ImageDir string `json:"imageDir,omitempty"`
+	// Snapshotter holds the parent's rootfs, Frozen the frozen layer of its
+	// writable layer, and the forks' rootfs snapshots (named as the forks).
+	Snapshotter string `json:"snapshotter,omitempty"`
+	Frozen      string `json:"frozen,omitempty"`
+	// Lease is the containerd lease the call's resources are made under.
+	Lease   string    `json:"lease,omitempty"`
+	Forks   []string  `json:"forks,omitempty"`
+	Created time.Time `json:"created"`
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,7 +15,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/lazyfork/lazyfork/api"
-	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/node"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
@@ -25,8 +24,11 @@ const LabelNerdctlName = "nerdctl/name"
 
 // Client forks containers through a containerd client.
 type Client struct {
-	cd          *containerd.Client
-	root        string
+	cd   *containerd.Client
+	root string
+	// node is what the client needs of LazyFork's root: its files
+	// (WithRoot) or the node API (the default, WithAPI).
+	node        node.Node
 	hookTimeout time.Duration
 	owned       bool // Connect made cd; Close closes it
 	// maxForks bounds n of one Fork call (WithMaxForks, LAZYFORK_MAX_FORKS).
@@ -40,9 +42,24 @@ type Client struct {
 // Opt configures a Client.
 type Opt func(*Client)
 
-// WithRoot sets LazyFork's root (the shim's LAZYFORK_ROOT): memory files live in
-// ROOT/mem, snapshots in ROOT/snapshots.
-func WithRoot(dir string) Opt { return func(c *Client) { c.root = dir } }
+// WithRoot works on the files of LazyFork's root dir (the shim's
+// LAZYFORK_ROOT: memory files in ROOT/mem, snapshots in ROOT/snapshots)
+// directly, in this process: for users on the node itself (the shim, tests).
+// Without it, the client asks lazyfork-snapshotter's node API (WithAPI).
+func WithRoot(dir string) Opt {
+	return func(c *Client) { c.root, c.node = dir, node.NewLocal(dir) }
+}
+
+// WithAPI has the client ask the node API at socket (lazyfork-snapshotter's
+// ttrpc socket) for everything of LazyFork's root: the default, at
+// $LAZYFORK_API or api.DefaultAPISocket. With it and containerd's socket a
+// client needs nothing else of the node.
+func WithAPI(socket string) Opt {
+	return func(c *Client) { c.root, c.node = "", node.NewRemote(socket) }
+}
+
+// WithNode sets what the client asks of LazyFork's root.
+func WithNode(n node.Node) Opt { return func(c *Client) { c.node = n } }
 
 // WithHookTimeout bounds the wait for a container's hook to answer
 // (default hook.DefaultTimeout).
@@ -71,13 +88,13 @@ const DefaultShimGroupSize = 50
 // New returns a LazyFork client on top of a containerd client; the caller keeps
 // ownership of cd (and its namespace in the contexts it passes).
 func New(cd *containerd.Client, opts ...Opt) *Client {
-	c := &Client{cd: cd, root: api.DefaultRoot, maxForks: maxForksFromEnv(),
+	c := &Client{cd: cd, maxForks: maxForksFromEnv(),
 		restoreTimeout: DefaultRestoreTimeout, groupSize: DefaultShimGroupSize}
-	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
-		c.root = v
-	}
 	for _, o := range opts {
 		o(c)
+	}
+	if c.node == nil {
+		c.node = node.NewRemote(DefaultAPISocket())
 	}
 	if c.groupSize < 1 {
 		c.groupSize = DefaultShimGroupSize
@@ -88,30 +105,41 @@ func New(cd *containerd.Client, opts ...Opt) *Client {
 // Containerd returns the underlying containerd client.
 func (c *Client) Containerd() *containerd.Client { return c.cd }
 
-// Root is LazyFork's root directory.
+// Root is LazyFork's root directory when the client works on its files
+// (WithRoot), "" when it asks the node API.
 func (c *Client) Root() string { return c.root }
 
-func (c *Client) snapshotsDir() string { return api.Root(c.root).Snapshots() }
+// Node is what the client asks of LazyFork's root.
+func (c *Client) Node() node.Node { return c.node }
+
+// DefaultAPISocket is the node API's socket: $LAZYFORK_API, else the one of
+// $LAZYFORK_ROOT, else api.DefaultAPISocket.
+func DefaultAPISocket() string {
+	if v := os.Getenv("LAZYFORK_API"); v != "" {
+		return v
+	}
+	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
+		return api.Root(v).APISocket()
+	}
+	return api.DefaultAPISocket
+}
 
 // RemoveSnapshot deletes a LazyFork snapshot made by Fork with KeepSnapshot (its
 // image directory, as in Result.Snapshot) and drops its reference on the
 // family's memory files. Files still mapped by a fork stay.
 func (c *Client) RemoveSnapshot(ctx context.Context, imageDir string) error {
 	imageDir = filepath.Clean(imageDir)
-	snapDir := filepath.Dir(imageDir)
-	if filepath.Dir(snapDir) != c.snapshotsDir() || filepath.Base(imageDir) != api.ImageDirName {
-		return fmt.Errorf("%s is not a snapshot made by Fork under %s: %w", imageDir, c.snapshotsDir(), errdefs.ErrInvalidArgument)
+	if filepath.Base(imageDir) != api.ImageDirName {
+		return fmt.Errorf("%s is not a snapshot made by Fork (no %s directory): %w", imageDir, api.ImageDirName, errdefs.ErrInvalidArgument)
 	}
-	var family string
-	if info, err := memfile.ReadSnapshot(imageDir); err == nil {
-		family = info.Family
-	} else if !errdefs.IsNotFound(err) && !errors.Is(err, os.ErrNotExist) {
+	snap, err := c.node.Snapshot(ctx, imageDir)
+	if err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("read snapshot %s: %w", imageDir, err)
 	}
-	if rfs, err := readRootfsSource(snapDir); err == nil && rfs.Frozen != "" {
-		c.releaseFrozen(ctx, rfs.Frozen)
+	if snap != nil && snap.Rootfs != nil && snap.Rootfs.Frozen != "" {
+		c.releaseFrozen(ctx, snap.Rootfs.Frozen)
 	}
-	return c.removeSnapshot(family, snapDir)
+	return c.node.RemoveSnapshot(ctx, filepath.Dir(imageDir))
 }
 
 // releaseFrozen drops a kept snapshot's frozen layer: removed at once if no
@@ -131,27 +159,6 @@ func (c *Client) releaseFrozen(ctx context.Context, name string) {
 		log.G(ctx).WithError(err).WithField("frozen", name).Warn("lazyfork: release frozen layer")
 	}
 }
-
-// removeSnapshot drops the snapshot's memory-file reference (if it got one) and
-// removes its directory.
-func (c *Client) removeSnapshot(family, snapDir string) error {
-	var errs []error
-	if family != "" {
-		store, err := memfile.OpenStore(api.Root(c.root).Mem())
-		if err != nil {
-			errs = append(errs, err)
-		} else if err := store.Unref(family, snapshotHolder(api.ImageDir(snapDir))); err != nil && !errdefs.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("unref snapshot: %w", err))
-		}
-	}
-	if err := os.RemoveAll(snapDir); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-// snapshotHolder is the reference memfile's Rewrite gives a snapshot by default.
-func snapshotHolder(imageDir string) string { return memfile.HolderSnapshot + imageDir }
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -11,6 +11,12 @@
 //	out, err := forks[0].Exec(ctx, "hostname") // its stdout
 //	more, err := forks[0].Fork(ctx, 2)        // forks fork again
 //
+// Connect (and New) reach LazyFork's root on the node through its node API,
+// lazyfork-snapshotter's ttrpc socket ($LAZYFORK_API, else
+// api.DefaultAPISocket; WithAPI names another): with it and containerd's
+// socket the SDK needs nothing else of the node (package node). On the node,
+// WithRoot works on the root's files directly, in-process (the shim does).
+//
 // Stop snapshots a container and ends its process; Fork of a stopped
 // container restores from that snapshot. Delete removes one container (its
 // forks keep running). A container labelled lazyfork.io/hook (package hook)

@@ -81,6 +81,9 @@ func (c *Client) Export(ctx context.Context, ref, output string) (_ *ExportResul
 	if output == "" {
 		return nil, fmt.Errorf("export %s: no output file: %w", ref, errdefs.ErrInvalidArgument)
 	}
+	if err := c.onNode("export"); err != nil {
+		return nil, fmt.Errorf("export %s: %w", ref, err)
+	}
 	output, err := filepath.Abs(output)
 	if err != nil {
 		return nil, err
@@ -304,14 +307,24 @@ func writeStatsDump(path, ckpt string, pages uint64) error {
 	return criuimg.WriteImage(path, img)
 }
 
+// onNode checks that the client works on LazyFork's files in this process
+// (WithRoot): export and import read and write snapshot images and memory
+// files, which the node API does not carry.
+func (c *Client) onNode(op string) error {
+	if c.root == "" {
+		return fmt.Errorf("%s reads and writes LazyFork's snapshot images and memory files, which the node API does not carry: run it on the node as root (lazyfork --root, or client.WithRoot): %w", op, errdefs.ErrNotImplemented)
+	}
+	return nil
+}
+
 // writeRootfsDiff writes the writable layer the snapshot recorded (its copy
 // of the upper directory, or its frozen layer) as an OCI layer tar, overlay
 // whiteouts as .wh. entries. A snapshot without a record (taken by ctr or
 // CRI) gives the container's current writable layer.
 func (c *Client) writeRootfsDiff(ctx context.Context, snapDir string, info containers.Container, path string) error {
-	rfs, err := readRootfsSource(snapDir)
-	if err != nil {
-		rfs = &rootfsSource{}
+	rfs := &api.RootfsRecord{}
+	if snap, err := c.node.Snapshot(ctx, api.ImageDir(snapDir)); err == nil && snap.Rootfs != nil {
+		rfs = snap.Rootfs
 	}
 	layer := rfs.UpperCopy
 	if rfs.Frozen != "" {
@@ -335,6 +348,7 @@ func (c *Client) writeRootfsDiff(ctx context.Context, snapDir string, info conta
 		}
 	}
 	if layer == "" && info.SnapshotKey != "" {
+		var err error
 		if layer, err = c.upperDir(ctx, info.Snapshotter, info.SnapshotKey); err != nil {
 			return err
 		}

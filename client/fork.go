@@ -27,7 +27,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/hook"
-	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/node"
 	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
@@ -170,7 +170,11 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	if cfg.ids != nil && len(cfg.ids) != n {
 		return nil, fmt.Errorf("fork %s: %d ids for %d forks: %w", parentID, len(cfg.ids), n, errdefs.ErrInvalidArgument)
 	}
-	if err := checkMemory(parentID, n); err != nil {
+	sp, err := c.node.FreeSpace(ctx)
+	if err != nil && errdefs.IsUnavailable(err) {
+		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	}
+	if err := checkMemory(parentID, n, sp.MemAvailable); err != nil {
 		return nil, err
 	}
 	ns, err := namespaces.NamespaceRequired(ctx)
@@ -239,28 +243,27 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	}
 
 	// The record first: from here on, whatever exists is listed in it.
-	if err := os.MkdirAll(c.snapshotsDir(), 0o700); err != nil {
-		return nil, fmt.Errorf("fork %s: %w", parentID, err)
-	}
-	o, err := c.newOp(ns, parentID)
+	o, err := c.newOp(ctx, ns, parentID)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
-	snapDir := filepath.Join(c.snapshotsDir(), o.rec.ID)
-	imageDir := api.ImageDir(snapDir)
+	defer o.release()
 	frozenName := ""
 	if info.Snapshotter == snapclient.SnapshotterName {
 		frozenName = "lazyfork-frozen-" + o.rec.ID
 	}
-	if err := o.update(func(r *opRecord) {
-		r.SnapshotDir, r.ImageDir, r.Snapshotter, r.Frozen = snapDir, imageDir, info.Snapshotter, frozenName
+	// The snapshot's directory is the node's, named after the operation;
+	// the record names it before it exists.
+	if err := o.update(ctx, func(r *opRecord) {
+		r.Snapshotter, r.Frozen = info.Snapshotter, frozenName
 		r.Lease, r.Forks = leaseID(o.rec.ID), ids
 	}); err != nil {
-		_ = o.done()
+		_ = o.done(ctx)
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
+	var snapDir, imageDir string
 	rfs := &rootfsSource{}
-	res := &Result{Parent: parentID, Snapshot: imageDir}
+	res := &Result{Parent: parentID}
 	defer func() {
 		if retErr == nil {
 			return
@@ -274,20 +277,21 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 			retErr = fmt.Errorf("%w (%w: %v)", retErr, ErrCleanupIncomplete, err)
 			return
 		}
-		_ = o.done()
+		_ = o.done(cctx)
 	}()
 
 	ctx, err = c.withOpLease(ctx, o.rec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: lease: %w", parentID, err)
 	}
-	if err := os.Mkdir(snapDir, 0o700); err != nil {
-		return nil, fmt.Errorf("fork %s: %w", parentID, err)
+	// A directory made before the record names it holds the operation's
+	// marker: undo finds it by that.
+	snapDir, imageDir, err = c.node.PrepareSnapshot(ctx, o.rec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: snapshot directory: %w", parentID, err)
 	}
-	if err := os.WriteFile(filepath.Join(snapDir, opMarker), []byte(o.rec.ID+"\n"), 0o600); err != nil {
-		return nil, fmt.Errorf("fork %s: %w", parentID, err)
-	}
-	if err := os.Mkdir(imageDir, 0o700); err != nil {
+	res.Snapshot = imageDir
+	if err := o.update(ctx, func(r *opRecord) { r.SnapshotDir, r.ImageDir = snapDir, imageDir }); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
@@ -310,7 +314,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	}
 	rfs.Snapshotter = info.Snapshotter
 	rfs.Namespace = ns
-	if err := writeRootfsSource(snapDir, rfs); err != nil {
+	if err := c.node.SetRootfs(ctx, snapDir, rfs); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
 
@@ -325,11 +329,11 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	// Success: the forks and a kept snapshot are owned by their containers
 	// (and the caller) now; the record stops naming them before the lease goes.
 	if cfg.keepSnapshot {
-		if err := os.Remove(filepath.Join(snapDir, opMarker)); err != nil {
+		if err := c.node.KeepSnapshot(ctx, snapDir); err != nil {
 			return nil, fmt.Errorf("fork %s: %w", parentID, err)
 		}
 	}
-	if err := o.update(func(r *opRecord) {
+	if err := o.update(ctx, func(r *opRecord) {
 		r.Forks, r.Paused, r.Frozen = nil, false, ""
 		if cfg.keepSnapshot {
 			r.SnapshotDir = ""
@@ -337,16 +341,16 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	}); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", parentID, err)
 	}
-	c.finishOp(context.WithoutCancel(ctx), o, res.Family, cfg.keepSnapshot)
+	c.finishOp(context.WithoutCancel(ctx), o, cfg.keepSnapshot)
 	return res, nil
 }
 
 // finishOp ends a successful operation: the snapshot directory unless kept,
 // the lease, the record. What fails stays in the record for Reconcile.
-func (c *Client) finishOp(ctx context.Context, o *op, family string, keep bool) {
+func (c *Client) finishOp(ctx context.Context, o *op, keep bool) {
 	ok := true
 	if !keep && o.rec.SnapshotDir != "" {
-		if err := c.removeSnapshot(family, o.rec.SnapshotDir); err != nil {
+		if err := c.node.RemoveSnapshot(ctx, o.rec.SnapshotDir); err != nil {
 			log.G(ctx).WithError(err).WithField("snapshot", o.rec.SnapshotDir).Warn("lazyfork: remove snapshot (lazyfork gc retries)")
 			ok = false
 		}
@@ -356,7 +360,7 @@ func (c *Client) finishOp(ctx context.Context, o *op, family string, keep bool) 
 		ok = false
 	}
 	if ok {
-		_ = o.done()
+		_ = o.done(ctx)
 	}
 }
 
@@ -402,13 +406,13 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 	if err != nil {
 		return nil, err
 	}
-	snap, err := memfile.ReadSnapshot(imageDir)
+	snap, err := c.node.Snapshot(ctx, imageDir)
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: snapshot %s: %w", parentID, imageDir, err)
 	}
-	rfs, err := readRootfsSource(filepath.Dir(imageDir))
-	if err != nil {
-		return nil, fmt.Errorf("restore forks of %s: snapshot %s (not made by Fork?): %w", parentID, imageDir, err)
+	rfs := snap.Rootfs
+	if rfs == nil {
+		return nil, fmt.Errorf("restore forks of %s: snapshot %s has no rootfs record (not made by Fork?): %w", parentID, imageDir, errdefs.ErrNotFound)
 	}
 	parent, err := c.cd.LoadContainer(ctx, parentID)
 	if err != nil {
@@ -429,14 +433,15 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 	if err := c.checkResources(ctx, parentID, nil, n); err != nil {
 		return nil, err
 	}
-	o, err := c.newOp(ns, parentID)
+	o, err := c.newOp(ctx, ns, parentID)
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
 	}
-	if err := o.update(func(r *opRecord) {
+	defer o.release()
+	if err := o.update(ctx, func(r *opRecord) {
 		r.ImageDir, r.Snapshotter, r.Lease, r.Forks = imageDir, info.Snapshotter, leaseID(o.rec.ID), ids
 	}); err != nil {
-		_ = o.done()
+		_ = o.done(ctx)
 		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
 	}
 	defer func() {
@@ -449,7 +454,7 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 			retErr = fmt.Errorf("%w (%w: %v)", retErr, ErrCleanupIncomplete, err)
 			return
 		}
-		_ = o.done()
+		_ = o.done(cctx)
 	}()
 	ctx, err = c.withOpLease(ctx, o.rec.ID)
 	if err != nil {
@@ -459,10 +464,10 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
 	}
-	if err := o.update(func(r *opRecord) { r.Forks = nil }); err != nil {
+	if err := o.update(ctx, func(r *opRecord) { r.Forks = nil }); err != nil {
 		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
 	}
-	c.finishOp(context.WithoutCancel(ctx), o, snap.Family, true)
+	c.finishOp(context.WithoutCancel(ctx), o, true)
 	return forks, nil
 }
 
@@ -535,7 +540,7 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 	thawedEarly := false
 	if !wasPaused {
 		// Recorded before the pause: a call that dies paused is thawed.
-		if err := o.update(func(r *opRecord) { r.Paused = true }); err != nil {
+		if err := o.update(ctx, func(r *opRecord) { r.Paused = true }); err != nil {
 			return err
 		}
 		if err := task.Pause(ctx); err != nil {
@@ -574,6 +579,10 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 			return err
 		}
 	} else {
+		if _, ok := c.node.(*node.Local); !ok {
+			return fmt.Errorf("the writable layer of %s is on snapshotter %s: forking it copies the layer with files of the node, which a client of the node API cannot do; create it on LazyFork's snapshotter (%s, lazyfork setup starts it), or fork on the node with the root's files (--root, client.WithRoot): %w",
+				parent.ID(), info.Snapshotter, snapclient.SnapshotterName, errdefs.ErrNotImplemented)
+		}
 		upper, err := c.upperDir(ctx, info.Snapshotter, info.SnapshotKey)
 		if err != nil {
 			return err
@@ -604,17 +613,17 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", errgrpc.ToNative(err))
 	}
+	snap, err := c.node.Snapshot(ctx, imageDir)
+	if err != nil {
+		return fmt.Errorf("checkpoint of %s is not a LazyFork snapshot: %w", parent.ID(), err)
+	}
 	// The shim records in the snapshot's source when it thawed the task.
-	if src, err := api.ReadSnapshotSource(imageDir); err == nil && !src.Thawed.IsZero() {
+	if !snap.Thawed.IsZero() {
 		thawedEarly = true
-		res.Paused, res.ThawedBeforeRewrite = src.Thawed.Sub(t0), true
+		res.Paused, res.ThawedBeforeRewrite = snap.Thawed.Sub(t0), true
 	}
 	if err := failpoint(ctx, FailAfterCheckpt); err != nil {
 		return err
-	}
-	snap, err := memfile.ReadSnapshot(imageDir)
-	if err != nil {
-		return fmt.Errorf("checkpoint of %s is not a LazyFork snapshot: %w", parent.ID(), err)
 	}
 	res.Family = snap.Family
 	return nil
@@ -722,7 +731,8 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 			return err
 		}
 		where := "the task's bundle, work/restore.log (removed with the fork)"
-		if p := c.saveRestoreLog(context.WithoutCancel(ctx), id); p != "" {
+		ns, _ := namespaces.Namespace(ctx)
+		if p, err := c.node.SaveRestoreLog(context.WithoutCancel(ctx), ns, id); err == nil && p != "" {
 			where = p
 		}
 		return fmt.Errorf("restore did not finish within %v and was stopped (raise the bound with --timeout or client.WithRestoreTimeout); CRIU's restore log: %s: %w",

@@ -104,6 +104,9 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 		return nil, err
 	}
 	fail := func(err error) error { return fmt.Errorf("import %s: %w", archivePath, err) }
+	if err := c.onNode("import"); err != nil {
+		return nil, fail(err)
+	}
 
 	// The metadata first: a wrong file fails before anything is made.
 	meta, err := readArchiveMetadata(archivePath)
@@ -166,10 +169,11 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 	if err != nil {
 		return nil, fail(err)
 	}
-	if err := os.MkdirAll(c.snapshotsDir(), 0o700); err != nil {
+	snapshots := api.Root(c.root).Snapshots()
+	if err := os.MkdirAll(snapshots, 0o700); err != nil {
 		return nil, fail(err)
 	}
-	snapDir, err := os.MkdirTemp(c.snapshotsDir(), "import-")
+	snapDir, err := os.MkdirTemp(snapshots, "import-")
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -180,7 +184,7 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 			return
 		}
 		if rewritten {
-			if err := c.removeSnapshot(family, snapDir); err != nil {
+			if err := c.node.RemoveSnapshot(context.WithoutCancel(ctx), snapDir); err != nil {
 				log.G(ctx).WithError(err).WithField("snapshot", snapDir).Warn("lazyfork: remove the failed import's snapshot")
 			}
 		} else if err := memfile.RemoveAll(snapDir); err != nil {
@@ -264,7 +268,7 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 		return nil, fail(fmt.Errorf("rewrite into memory files of family %s: %w", family, err))
 	}
 	rewritten = true
-	if err := writeRootfsSource(snapDir, &rootfsSource{UpperCopy: upper, Snapshotter: sn, Namespace: ns}); err != nil {
+	if err := c.node.SetRootfs(ctx, snapDir, &api.RootfsRecord{UpperCopy: upper, Snapshotter: sn, Namespace: ns}); err != nil {
 		return nil, fail(err)
 	}
 

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/node"
 )
 
 // Checkpoint takes a LazyFork snapshot of a running container and keeps it
@@ -134,7 +135,10 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 		}
 	}
 	if ns, ok := namespaces.Namespace(ctx); ok && len(errs) == 0 {
-		removeLockFile(c.lockPath(ns, id)) // a fork of it in flight keeps it; gc takes it later
+		// A fork of it in flight keeps its lock; gc takes it later.
+		if _, err := c.node.RemoveLock(ctx, node.ParentLock(ns, id)); err != nil {
+			log.G(ctx).WithError(err).Debug("lazyfork: remove lock")
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete %s: %w", id, err)

@@ -12,9 +12,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
-	"golang.org/x/sys/unix"
-
-	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
 // DefaultMaxForks bounds the forks one Fork call makes (WithMaxForks,
@@ -60,39 +57,40 @@ func (c *Client) checkIDs(ctx context.Context, parentID string, ids []string) er
 	return nil
 }
 
-// checkResources refuses a fork the host cannot hold: the snapshot needs
-// about the parent's anonymous memory free in ROOT (its tmpfs), and each fork
-// MinForkMemory of MemAvailable. Figures it cannot read are not checked.
+// checkResources refuses a fork the node cannot hold: each fork needs
+// MinForkMemory of the node's MemAvailable, and the snapshot about the
+// parent's anonymous memory free in ROOT (its tmpfs). Figures it cannot
+// read are not checked.
 func (c *Client) checkResources(ctx context.Context, parentID string, task containerd.Task, n int) error {
-	if err := checkMemory(parentID, n); err != nil {
+	sp, err := c.node.FreeSpace(ctx)
+	if err != nil {
+		if errdefs.IsUnavailable(err) {
+			return fmt.Errorf("fork %s: %w", parentID, err)
+		}
+		return nil
+	}
+	if err := checkMemory(parentID, n, sp.MemAvailable); err != nil {
 		return err
 	}
 	if task == nil {
 		return nil
 	}
 	need, err := taskAnonMemory(ctx, task)
-	if err != nil || need == 0 {
+	if err != nil || need == 0 || sp.Free == 0 && sp.Root == "" {
 		return nil
 	}
-	if err := os.MkdirAll(c.root, 0o700); err != nil {
-		return nil
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(c.root, &st); err != nil {
-		return nil
-	}
-	free := st.Bavail * uint64(st.Bsize)
-	if need > free {
+	if need > sp.Free {
 		return fmt.Errorf("fork %s: its snapshot needs about %d MiB (the parent's memory) in %s, which has %d MiB free: free space there (lazyfork gc removes leftovers) or enlarge its tmpfs: %w",
-			parentID, need>>20, c.root, free>>20, errdefs.ErrResourceExhausted)
+			parentID, need>>20, sp.Root, sp.Free>>20, errdefs.ErrResourceExhausted)
 	}
 	return nil
 }
 
-// checkMemory refuses n forks if the host lacks MinForkMemory each.
-func checkMemory(parentID string, n int) error {
-	if avail, err := memAvailable(); err == nil && n > 0 && uint64(n)*MinForkMemory > avail {
-		return fmt.Errorf("fork %s: %d forks need at least %d MiB of memory (%d MiB each), the host has %d MiB available (/proc/meminfo MemAvailable): fork fewer or free memory: %w",
+// checkMemory refuses n forks if the node's available memory (avail, 0 if
+// unknown) lacks MinForkMemory each.
+func checkMemory(parentID string, n int, avail uint64) error {
+	if avail > 0 && n > 0 && uint64(n)*MinForkMemory > avail {
+		return fmt.Errorf("fork %s: %d forks need at least %d MiB of memory (%d MiB each), the node has %d MiB available (MemAvailable): fork fewer or free memory: %w",
 			parentID, n, uint64(n)*MinForkMemory>>20, MinForkMemory>>20, avail>>20, errdefs.ErrResourceExhausted)
 	}
 	return nil
@@ -120,12 +118,6 @@ func taskAnonMemory(ctx context.Context, task containerd.Task) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no memory figures in the metrics: %w", errdefs.ErrNotImplemented)
-}
-
-// memAvailable is MemAvailable of /proc/meminfo, in bytes.
-func memAvailable() (uint64, error) {
-	v, err := procfs.MemInfo("MemAvailable")
-	return uint64(v), err
 }
 
 // maxForksFromEnv is LAZYFORK_MAX_FORKS, or DefaultMaxForks.

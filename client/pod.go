@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -125,9 +124,13 @@ func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (image
 		}
 	}()
 	snapDir := filepath.Dir(imageDir)
-	rfs, err := readRootfsSource(snapDir)
+	snap, err := c.node.Snapshot(ctx, imageDir)
 	if err != nil {
 		return "", err
+	}
+	rfs := snap.Rootfs
+	if rfs == nil {
+		return "", fmt.Errorf("snapshot %s has no rootfs record: %w", imageDir, errdefs.ErrNotFound)
 	}
 	if err := c.CopySnapshotLayer(ctx, imageDir, upper); err != nil {
 		return "", err
@@ -136,7 +139,7 @@ func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (image
 	if rfs.Frozen != "" {
 		c.releaseFrozen(ctx, rfs.Frozen)
 	}
-	return imageDir, errors.Join(os.RemoveAll(filepath.Join(snapDir, "upper")), os.Remove(filepath.Join(snapDir, api.RootfsFile)))
+	return imageDir, c.node.ReleaseRootfs(ctx, snapDir)
 }
 
 // CopySnapshotLayer copies the parent's writable layer that the snapshot at
@@ -147,9 +150,13 @@ func (c *Client) CopySnapshotLayer(ctx context.Context, imageDir, upper string) 
 	if st, err := os.Stat(upper); err != nil || !st.IsDir() {
 		return fmt.Errorf("the fork's upper directory %s: %w", upper, errdefs.ErrInvalidArgument)
 	}
-	rfs, err := readRootfsSource(filepath.Dir(filepath.Clean(imageDir)))
+	snap, err := c.node.Snapshot(ctx, filepath.Clean(imageDir))
 	if err != nil {
 		return err
+	}
+	rfs := snap.Rootfs
+	if rfs == nil {
+		return fmt.Errorf("snapshot %s has no rootfs record: %w", imageDir, errdefs.ErrNotFound)
 	}
 	layer := rfs.UpperCopy
 	if rfs.Frozen != "" {

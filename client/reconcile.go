@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,11 +13,9 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 
 	"github.com/lazyfork/lazyfork/api"
-	"github.com/lazyfork/lazyfork/internal/procfs"
-	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/node"
 )
 
 // Report lists what Reconcile or GC removed (or, dry, would remove), one
@@ -47,40 +42,22 @@ func (c *Client) Reconcile(ctx context.Context) (Report, error) {
 
 func (c *Client) reconcile(ctx context.Context, dry bool) (Report, error) {
 	var rep Report
-	ents, err := os.ReadDir(c.opsDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return rep, nil
-	}
-	if err != nil {
-		return rep, err
-	}
-	var errs []error
-	for _, e := range ents {
-		if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+	ops, err := c.node.Ops(ctx)
+	errs := []error{err}
+	for _, st := range ops {
+		if st.Alive {
 			continue
 		}
-		p := filepath.Join(c.opsDir(), e.Name())
-		rec, err := readOp(p)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			// A torn record cannot exist (written atomically): not ours.
-			errs = append(errs, err)
-			continue
-		}
-		if rec.alive() {
-			continue
-		}
-		r, err := c.undo(ctx, rec, dry)
+		rec := st.Record
+		r, err := c.undo(ctx, &rec, dry)
 		rep.Removed = append(rep.Removed, r.Removed...)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("interrupted fork of %s/%s (record %s): %w", rec.Namespace, rec.Parent, p, err))
+			errs = append(errs, fmt.Errorf("interrupted fork of %s/%s (record %s): %w", rec.Namespace, rec.Parent, rec.ID, err))
 			continue
 		}
 		rep.add("op record %s", rec.ID)
 		if !dry {
-			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := c.node.RemoveOp(ctx, rec.ID); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -139,21 +116,22 @@ func (c *Client) undo(ctx context.Context, rec *opRecord, dry bool) (Report, err
 			rep.add("frozen layer %s", name)
 		}
 	}
-	if rec.SnapshotDir != "" && filepath.Dir(rec.SnapshotDir) == c.snapshotsDir() {
-		if _, err := os.Stat(rec.SnapshotDir); err == nil {
-			if !dry {
-				var family string
-				if info, err := memfile.ReadSnapshot(api.ImageDir(rec.SnapshotDir)); err == nil {
-					family = info.Family
-				}
-				if err := c.removeSnapshot(family, rec.SnapshotDir); err != nil {
-					errs = append(errs, fmt.Errorf("remove snapshot dir %s: %w", rec.SnapshotDir, err))
-				} else {
-					rep.add("snapshot dir %s", rec.SnapshotDir)
-				}
-			} else {
-				rep.add("snapshot dir %s", rec.SnapshotDir)
+	// The operation's snapshot directory: the one its record names, or one
+	// made before the record named it (it holds the operation's marker).
+	if dirs, err := c.node.SnapshotDirs(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("list snapshot dirs: %w", err))
+	} else {
+		for _, d := range dirs {
+			if d.Dir != rec.SnapshotDir && (d.Op != rec.ID || rec.ID == "") {
+				continue
 			}
+			if !dry {
+				if err := c.node.RemoveSnapshot(ctx, d.Dir); err != nil {
+					errs = append(errs, fmt.Errorf("remove snapshot dir %s: %w", d.Dir, err))
+					continue
+				}
+			}
+			rep.add("snapshot dir %s", d.Dir)
 		}
 	}
 	if rec.Lease != "" {
@@ -219,7 +197,7 @@ func (c *Client) removeOpFork(ctx context.Context, rec *opRecord, id string, dry
 // thawParent resumes the parent of a dead operation that paused it, unless a
 // live fork of it holds its lock (then the pause is that fork's).
 func (c *Client) thawParent(ctx context.Context, rec *opRecord, dry bool) (bool, error) {
-	unlock, ok, err := c.tryLockParent(rec.Namespace, rec.Parent)
+	unlock, ok, err := c.tryLockParent(ctx, rec.Namespace, rec.Parent)
 	if err != nil {
 		return false, err
 	}
@@ -270,20 +248,24 @@ const OrphanAge = time.Minute
 func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 	rep, err := c.reconcile(ctx, dry)
 	errs := []error{err}
-	live := map[string]bool{} // operations still running
-	if ents, err := os.ReadDir(c.opsDir()); err == nil {
-		for _, e := range ents {
-			if rec, err := readOp(filepath.Join(c.opsDir(), e.Name())); err == nil && rec.alive() {
-				live[rec.ID] = true
+	live := map[string]bool{}   // operations still running
+	record := map[string]bool{} // operations with a record
+	if ops, err := c.node.Ops(ctx); err == nil {
+		for _, o := range ops {
+			record[o.Record.ID] = true
+			if o.Alive {
+				live[o.Record.ID] = true
 			}
 		}
+	} else {
+		return rep, errors.Join(append(errs, fmt.Errorf("list operations: %w", err))...)
 	}
 	nss, err := c.cd.NamespaceService().List(ctx)
 	if err != nil {
 		return rep, errors.Join(append(errs, fmt.Errorf("list namespaces: %w", err))...)
 	}
-	used := map[string]bool{}  // snapshot dirs containers reference
-	locks := map[string]bool{} // lock files of containers that exist
+	used := map[string]bool{} // snapshot dirs containers reference
+	var locks []string        // locks of containers that exist
 	for _, ns := range nss {
 		nctx := namespaces.WithNamespace(ctx, ns)
 		ctrs, err := c.cd.ContainerService().List(nctx)
@@ -291,7 +273,7 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 			return rep, errors.Join(append(errs, fmt.Errorf("list containers of %s: %w", ns, err))...)
 		}
 		for _, x := range ctrs {
-			locks[c.lockPath(ns, x.ID)] = true
+			locks = append(locks, node.ParentLock(ns, x.ID))
 			for _, l := range []string{api.LabelSnapshot, api.LabelStopped} {
 				if v := x.Labels[l]; v != "" {
 					used[filepath.Dir(filepath.Clean(v))] = true
@@ -305,11 +287,8 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 		}
 		for _, l := range ls {
 			op := l.Labels[api.LabelOp]
-			if op == "" || live[op] {
-				continue
-			}
-			if _, err := os.Stat(c.opPath(op)); err == nil {
-				continue // its record is being reconciled
+			if op == "" || live[op] || record[op] {
+				continue // running, or its record is being reconciled
 			}
 			if !dry {
 				if err := c.cd.LeasesService().Delete(nctx, l, leases.SynchronousDelete); err != nil && !errdefs.IsNotFound(err) {
@@ -320,40 +299,28 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 			rep.add("lease %s/%s", ns, l.ID)
 		}
 	}
-	// Parent locks of containers that are gone (ctr or nerdctl removed
-	// them), unless a fork holds them right now.
-	lockFiles, _ := filepath.Glob(filepath.Join(c.locksDir(), "*.lock"))
-	for _, p := range lockFiles {
-		if locks[p] {
-			continue
-		}
-		if dry || removeLockFile(p) {
-			rep.add("lock %s", filepath.Base(p))
-		}
+	// Locks of containers that are gone (ctr or nerdctl removed them) and
+	// of operations that are over, unless held right now.
+	removed, err := c.node.SweepLocks(ctx, locks, dry)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("sweep locks: %w", err))
 	}
-	dirs, _ := os.ReadDir(c.snapshotsDir())
+	for _, name := range removed {
+		rep.add("lock %s", name)
+	}
+	dirs, err := c.node.SnapshotDirs(ctx)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list snapshot dirs: %w", err))
+	}
 	for _, d := range dirs {
-		dir := filepath.Join(c.snapshotsDir(), d.Name())
-		b, err := os.ReadFile(filepath.Join(dir, opMarker))
-		if err != nil {
+		if d.Op == "" {
 			continue // not a Fork's, or kept: owned elsewhere
 		}
-		op := strings.TrimSpace(string(b))
-		if live[op] || used[dir] {
-			continue
-		}
-		if _, err := os.Stat(c.opPath(op)); err == nil {
-			continue
-		}
-		if st, err := os.Stat(dir); err != nil || time.Since(st.ModTime()) < OrphanAge {
+		if live[d.Op] || used[d.Dir] || record[d.Op] || time.Since(d.ModTime) < OrphanAge {
 			continue
 		}
 		if !dry {
-			var family string
-			if info, err := memfile.ReadSnapshot(api.ImageDir(dir)); err == nil {
-				family = info.Family
-			}
-			if rfs, err := readRootfsSource(dir); err == nil && rfs.Frozen != "" {
+			if rfs := d.Rootfs; rfs != nil && rfs.Frozen != "" {
 				fctx := ctx
 				if rfs.Namespace != "" {
 					fctx = namespaces.WithNamespace(ctx, rfs.Namespace)
@@ -362,49 +329,12 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 					rep.add("frozen layer %s", rfs.Frozen)
 				}
 			}
-			if err := c.removeSnapshot(family, dir); err != nil {
+			if err := c.node.RemoveSnapshot(ctx, d.Dir); err != nil {
 				errs = append(errs, err)
 				continue
 			}
 		}
-		rep.add("snapshot dir %s", dir)
+		rep.add("snapshot dir %s", d.Dir)
 	}
 	return rep, errors.Join(errs...)
-}
-
-// saveRestoreLog copies fork id's CRIU restore log out of its task bundle
-// (which its removal deletes) into ROOT/logs and returns the copy's path, ""
-// if it is not found. The bundle is found beside the bundle a LazyFork shim
-// of the namespace runs in (its working directory).
-func (c *Client) saveRestoreLog(ctx context.Context, id string) string {
-	ns, _ := namespaces.Namespace(ctx)
-	for _, p := range procfs.Find(func(args []string) bool {
-		return strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-lazyfork")
-	}) {
-		cwd, err := os.Readlink("/proc/" + strconv.Itoa(p.PID) + "/cwd")
-		if err != nil || filepath.Base(filepath.Dir(cwd)) != ns {
-			continue
-		}
-		src := filepath.Join(filepath.Dir(cwd), id, "work", "restore.log")
-		in, err := os.Open(src)
-		if err != nil {
-			continue
-		}
-		defer in.Close()
-		dst := filepath.Join(api.Root(c.root).Logs(), ns+"-"+id+"-restore.log")
-		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			return src
-		}
-		out, err := os.Create(dst)
-		if err != nil {
-			return src
-		}
-		defer out.Close()
-		if _, err := io.Copy(out, in); err != nil {
-			log.G(ctx).WithError(err).Warn("lazyfork: copy restore log")
-			return src
-		}
-		return dst
-	}
-	return ""
 }

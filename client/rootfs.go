@@ -2,10 +2,8 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -64,27 +62,3 @@ const gcRootLabel = "containerd.io/gc.root"
 // rootfsSource is where a snapshot's forks get the parent's writable layer
 // (api.RootfsFile in the snapshot directory).
 type rootfsSource = api.RootfsRecord
-
-func writeRootfsSource(snapDir string, r *rootfsSource) error {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	tmp := filepath.Join(snapDir, "."+api.RootfsFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(snapDir, api.RootfsFile))
-}
-
-func readRootfsSource(snapDir string) (*rootfsSource, error) {
-	b, err := os.ReadFile(filepath.Join(snapDir, api.RootfsFile))
-	if err != nil {
-		return nil, fmt.Errorf("rootfs of the snapshot: %w", errdefs.ErrNotFound)
-	}
-	var r rootfsSource
-	if err := json.Unmarshal(b, &r); err != nil || r.Frozen == "" && r.UpperCopy == "" {
-		return nil, fmt.Errorf("rootfs of the snapshot: %w", errdefs.ErrDataLoss)
-	}
-	return &r, nil
-}

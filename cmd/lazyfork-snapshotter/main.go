@@ -23,7 +23,9 @@ layers that forks of a running container stack on.
 Usage: lazyfork-snapshotter [flags]
 
 It serves containerd's snapshots gRPC API on --address and LazyFork's own ttrpc
-API (lazyfork.v1: Status) on <address>.ttrpc. Register it in containerd's config.toml:
+API on <address>.ttrpc: lazyfork.v1.Snapshotter (Status) and lazyfork.v1.Node,
+what the lazyfork CLI and the Go SDK need of LazyFork's root (--lazyfork-root):
+with that socket and containerd's, a client needs nothing else of the node. Register it in containerd's config.toml:
 
   [proxy_plugins.lazyfork]
     type = "snapshot"
@@ -53,6 +55,7 @@ Config file (TOML; every key optional):
   root = "/var/lib/lazyfork/snapshotter"
   address = "/run/lazyfork/snapshotter.sock"
   ttrpc_address = ""        # default: <address>.ttrpc
+  lazyfork_root = "/run/lazyfork"  # LazyFork's root, served by the node API
   mount_options = []        # added to every overlay mount
   async_remove = false      # free removed layers in Cleanup (after containerd's GC)
   log_level = "info"
@@ -61,6 +64,7 @@ Config file (TOML; every key optional):
 	configPath := fs.String("config", "", "TOML config file")
 	root := fs.String("root", cfg.Root, "directory of the layers and metadata")
 	address := fs.String("address", cfg.Address, "unix socket for containerd's snapshots gRPC API")
+	lfRoot := fs.String("lazyfork-root", cfg.LazyForkRoot, "LazyFork's root (the shim's LAZYFORK_ROOT) that the node API serves")
 	ttrpcAddress := fs.String("ttrpc-address", "", "unix socket for the lazyfork.v1 ttrpc API (default <address>.ttrpc)")
 	logLevel := fs.String("log-level", cfg.LogLevel, "trace, debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -92,6 +96,8 @@ Config file (TOML; every key optional):
 			cfg.Root = *root
 		case "address":
 			cfg.Address = *address
+		case "lazyfork-root":
+			cfg.LazyForkRoot = *lfRoot
 		case "ttrpc-address":
 			cfg.TTRPCAddress = *ttrpcAddress
 		case "log-level":

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"syscall"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -113,7 +115,7 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 		return "", err
 	}
 	logPath := a.logPath(id)
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+	if err := a.lf.Node().PrepareLog(a.ctx, logPath); err != nil {
 		return "", err
 	}
 	labels := map[string]string{api.LabelLog: logPath}
@@ -121,6 +123,9 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 		labels[api.LabelName] = name
 	}
 	specOpts := []oci.SpecOpts{oci.WithImageConfig(img)}
+	if a.lf.Root() == "" {
+		specOpts[0] = imageConfigRemote(img)
+	}
 	if len(cmd) > 0 {
 		specOpts = append(specOpts, oci.WithProcessArgs(cmd...))
 	}
@@ -156,4 +161,32 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 		return "", fmt.Errorf("start %s: %w", id, err)
 	}
 	return id, nil
+}
+
+// imageConfigRemote is oci.WithImageConfig for a client of the node API:
+// containerd's client mounts the new rootfs on its own host to read the
+// image's /etc/passwd and /etc/group, which only works on the node. Here
+// those files are read from an empty directory instead: a user named in the
+// image config must be numeric, and supplementary groups of /etc/group are
+// not added (lazyfork create on the node, with --root, adds them).
+func imageConfigRemote(img containerd.Image) oci.SpecOpts {
+	return func(ctx context.Context, cl oci.Client, c *containers.Container, s *oci.Spec) error {
+		empty, err := os.MkdirTemp("", "lazyfork-norootfs-")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(empty)
+		nc := *c
+		nc.Snapshotter, nc.SnapshotKey = "", ""
+		if s.Root == nil {
+			s.Root = &specs.Root{}
+		}
+		saved := s.Root.Path
+		s.Root.Path = empty
+		defer func() { s.Root.Path = saved }()
+		if err := oci.WithImageConfig(img)(ctx, cl, &nc, s); err != nil {
+			return fmt.Errorf("image config (a client of the node API reads no /etc/passwd of the image: give a numeric user): %w", err)
+		}
+		return nil
+	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
@@ -105,7 +104,7 @@ func (a *app) delete(id string, force bool) error {
 		return err
 	}
 	if logPath != "" {
-		os.Remove(logPath)
+		_ = a.lf.Node().RemoveLog(a.ctx, logPath)
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func init() {
 				}
 				ref = id
 			}
-			res, err := a.lf.Export(a.ctx, ref, out)
+			res, err := a.onNode().Export(a.ctx, ref, out)
 			if err != nil {
 				return err
 			}
@@ -76,7 +76,7 @@ func init() {
 			if p := flagString(fs, "cgroup-parent"); p != "" {
 				opts = append(opts, client.WithImportCgroupParent(p))
 			}
-			res, err := a.lf.Import(a.ctx, pos[0], opts...)
+			res, err := a.onNode().Import(a.ctx, pos[0], opts...)
 			if err != nil {
 				return err
 			}
@@ -93,3 +93,8 @@ func flagString(fs *pflag.FlagSet, name string) string {
 	}
 	return ""
 }
+
+// onNode is a client working on LazyFork's files under --root in this process:
+// export and import read and write snapshot images and memory files, which the
+// node API does not carry, so they run on the node.
+func (a *app) onNode() *client.Client { return client.New(a.cd, client.WithRoot(a.g.root)) }

@@ -77,7 +77,7 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 					}
 				}
 			}
-			if err := os.MkdirAll(a.logDirNS(), 0o755); err != nil {
+			if err := a.lf.Node().PrepareLog(ctx, a.logPath("x")); err != nil {
 				return err
 			}
 			// Logs of forks that ctr or nerdctl removed go now.

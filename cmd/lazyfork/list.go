@@ -3,11 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 	"sort"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -15,8 +12,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
-	"github.com/lazyfork/lazyfork/internal/cgroupmem"
-	"github.com/lazyfork/lazyfork/memfile"
 )
 
 // row is one container as list, tree and stats show it.
@@ -42,6 +37,8 @@ type row struct {
 	MemFileBytes    int64 `json:"memFileBytes"`
 	MemFileMappings int   `json:"memFileMappings"`
 	cgroup          string
+	// rssAnon and rssShared of its init process (stats shows them).
+	rssAnon, rssShared int64
 }
 
 func init() {
@@ -227,10 +224,14 @@ func (a *app) row(ctr containerd.Container) (*row, error) {
 	if pids, err := task.Pids(a.ctx); err == nil {
 		r.Procs = len(pids)
 	}
-	r.Memory = cgroupMemory(r.cgroup)
-	if u, err := procMemFiles(r.PID); err == nil {
-		r.MemFile, r.MemFileBytes, r.MemFileMappings = u.mappings > 0, u.bytes, u.mappings
+	// The node reads the process's maps and its cgroup.
+	u, err := a.lf.Node().Usage(a.ctx, r.PID, r.cgroup)
+	if err != nil {
+		return nil, fmt.Errorf("memory of %s: %w", r.ID, err)
 	}
+	r.Memory = u.Memory
+	r.MemFile, r.MemFileBytes, r.MemFileMappings = u.MemFileMappings > 0, u.MemFileBytes, u.MemFileMappings
+	r.rssAnon, r.rssShared = u.RssAnon, u.RssShared
 	return r, nil
 }
 
@@ -244,61 +245,4 @@ func (r *row) memFileCell() string {
 		return "no"
 	}
 	return "-"
-}
-
-// memFileUse is what a process maps of LazyFork's memory files.
-type memFileUse struct {
-	bytes    int64 // the mappings' sizes (address space, not resident pages)
-	mappings int
-}
-
-// procMemFiles reads /proc/PID/maps of a container's process (one read): the
-// memory files appear at memfile.MountPath, where the container sees them.
-func procMemFiles(pid uint32) (memFileUse, error) {
-	if pid == 0 {
-		return memFileUse{}, fmt.Errorf("no process: %w", errdefs.ErrNotFound)
-	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		return memFileUse{}, err
-	}
-	defer f.Close()
-	return parseMemFileMaps(f)
-}
-
-// parseMemFileMaps sums the mappings of a /proc/PID/maps text whose path lies
-// under memfile.MountPath ("start-end perms offset dev inode path", the path
-// possibly followed by " (deleted)").
-func parseMemFileMaps(r io.Reader) (memFileUse, error) {
-	var u memFileUse
-	b, err := io.ReadAll(r)
-	if err != nil {
-		return u, err
-	}
-	prefix := memfile.MountPath + "/"
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 6 || !strings.HasPrefix(f[5], prefix) {
-			continue
-		}
-		lo, hi, ok := strings.Cut(f[0], "-")
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 != nil || err2 != nil || end < start {
-			continue
-		}
-		u.bytes += int64(end - start)
-		u.mappings++
-	}
-	return u, nil
-}
-
-// cgroupMemory reads a cgroup's memory usage: cgroup v1 (memory controller)
-// or v2; 0 if unknown (e.g. a systemd slice path).
-func cgroupMemory(path string) int64 {
-	v, _ := cgroupmem.Usage(path)
-	return v
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -22,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/node"
 )
 
 // nerdctl's labels on its containers.
@@ -82,7 +82,7 @@ func (a *app) logSource(ctr containerd.Container) (logSource, error) {
 	}
 	if dir := labels[labelNerdctlStateDir]; dir != "" {
 		p := filepath.Join(dir, id+"-json.log")
-		if _, err := os.Stat(p); err == nil {
+		if ok, _, err := a.lf.Node().StatLog(a.ctx, p); err == nil && ok {
 			return logSource{path: p, kind: "json"}, nil
 		}
 	}
@@ -108,7 +108,7 @@ func (a *app) logSource(ctr containerd.Container) (logSource, error) {
 			return logSource{}, fmt.Errorf("%s has no log lazyfork can read: its output goes to %s (read it with the tool that started it): %w", id, out, errdefs.ErrNotImplemented)
 		}
 	}
-	if fi, err := os.Stat(out); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
+	if _, fifo, err := a.lf.Node().StatLog(a.ctx, out); err == nil && fifo {
 		return logSource{path: out, stderr: errPath, kind: "fifo"}, nil
 	}
 	return logSource{path: out, kind: "file"}, nil
@@ -133,11 +133,11 @@ func (a *app) logs(pos []string, follow bool) error {
 			return fmt.Errorf("%s writes its output to fifos (started without a log file, e.g. ctr run -d without --log-uri): there is no past output to print; lazyfork logs -f %s streams it from now on: %w",
 				ctr.ID(), ctr.ID(), errdefs.ErrNotFound)
 		}
-		return followFifos(ctx, a.out, os.Stderr, src.path, src.stderr)
+		return followFifos(ctx, a.lf.Node(), a.out, os.Stderr, src.path, src.stderr)
 	case "json":
-		return tailFile(ctx, src.path, follow, a.ended(ctr), &jsonLogWriter{stdout: a.out, stderr: os.Stderr})
+		return tailFile(ctx, a.lf.Node(), src.path, follow, a.ended(ctr), &jsonLogWriter{stdout: a.out, stderr: os.Stderr})
 	}
-	return tailFile(ctx, src.path, follow, a.ended(ctr), a.out)
+	return tailFile(ctx, a.lf.Node(), src.path, follow, a.ended(ctr), a.out)
 }
 
 // ended tells whether ctr's process has ended (no task, or a stopped one):
@@ -153,56 +153,42 @@ func (a *app) ended(ctr containerd.Container) func() bool {
 	}
 }
 
-// tailFile copies path to w; with follow it then polls for more until ctx
-// ends or, at the end of the file, ended says the writer is gone.
-func tailFile(ctx context.Context, path string, follow bool, ended func() bool, w io.Writer) error {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) && follow {
-		// Not written yet (a task just created): wait for it.
-		for errors.Is(err, os.ErrNotExist) {
-			if ended() {
-				return fmt.Errorf("log %s: %w (the container ended without writing it)", path, err)
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(100 * time.Millisecond):
-			}
-			f, err = os.Open(path)
-		}
-	}
+// tailFile copies log path (the node's, read through n) to w; with follow
+// it then waits for more until ctx ends or ended says the writer is gone
+// (checked every second; the rest of the file is copied then).
+func tailFile(ctx context.Context, n node.Node, path string, follow bool, ended func() bool, w io.Writer) error {
+	r, err := n.ReadLog(ctx, path, follow)
 	if err != nil {
 		return fmt.Errorf("log %s: %w", path, err)
 	}
-	defer f.Close()
+	defer r.Close()
+	if follow {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Second):
+				}
+				if ended() {
+					r.Finish()
+					return
+				}
+			}
+		}()
+	}
 	buf := make([]byte, 64<<10)
-	var lastCheck time.Time
 	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
+		k, err := r.Read(buf)
+		if k > 0 {
+			if _, werr := w.Write(buf[:k]); werr != nil {
 				return nil // the reader went away (a closed pipe)
 			}
 		}
 		if err == io.EOF {
-			if !follow {
-				return nil
-			}
-			if time.Since(lastCheck) > time.Second {
-				// Checked before one more read: output written
-				// before the end is not lost.
-				lastCheck = time.Now()
-				if ended() {
-					follow = false
-					continue
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
+			return nil
 		}
 		if err != nil {
 			return err
@@ -211,10 +197,10 @@ func tailFile(ctx context.Context, path string, follow bool, ended func() bool, 
 }
 
 // followFifos copies what the task writes to its stdout and stderr fifos
-// until ctx ends or the task closes them.
-func followFifos(ctx context.Context, stdout, stderr io.Writer, outPath, errPath string) error {
+// (read through n) until ctx ends or the task closes them.
+func followFifos(ctx context.Context, n node.Node, stdout, stderr io.Writer, outPath, errPath string) error {
 	done := make(chan error, 2)
-	n := 0
+	k := 0
 	for _, s := range []struct {
 		path string
 		w    io.Writer
@@ -222,20 +208,20 @@ func followFifos(ctx context.Context, stdout, stderr io.Writer, outPath, errPath
 		if s.path == "" {
 			continue
 		}
-		n++
+		k++
 		go func() {
 			// The shim holds the write end: the open does not wait.
-			f, err := os.OpenFile(s.path, os.O_RDONLY, 0)
+			r, err := n.ReadLog(ctx, s.path, false)
 			if err != nil {
 				done <- err
 				return
 			}
-			defer f.Close()
-			_, err = io.Copy(s.w, f)
+			defer r.Close()
+			_, err = io.Copy(s.w, r)
 			done <- err
 		}()
 	}
-	for ; n > 0; n-- {
+	for ; k > 0; k-- {
 		select {
 		case <-ctx.Done():
 			return nil

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/lazyfork/lazyfork/node"
 )
 
 // nerdctl's json-file lines become the output again, stdout and stderr
@@ -37,14 +39,14 @@ func TestTailFileEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := tailFile(context.Background(), p, true, func() bool { return true }, &out); err != nil || out.String() != "one\ntwo\n" {
+	if err := tailFile(context.Background(), node.NewLocal(t.TempDir()), p, true, func() bool { return true }, &out); err != nil || out.String() != "one\ntwo\n" {
 		t.Errorf("follow of an ended container's log: %q %v", out.String(), err)
 	}
 	out.Reset()
-	if err := tailFile(context.Background(), p, false, func() bool { return false }, &out); err != nil || out.String() != "one\ntwo\n" {
+	if err := tailFile(context.Background(), node.NewLocal(t.TempDir()), p, false, func() bool { return false }, &out); err != nil || out.String() != "one\ntwo\n" {
 		t.Errorf("no follow: %q %v", out.String(), err)
 	}
-	if err := tailFile(context.Background(), p+".none", true, func() bool { return true }, &out); err == nil {
+	if err := tailFile(context.Background(), node.NewLocal(t.TempDir()), p+".none", true, func() bool { return true }, &out); err == nil {
 		t.Error("follow of a log never written by an ended container: no error")
 	}
 }

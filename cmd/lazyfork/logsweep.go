@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 )
@@ -16,10 +15,7 @@ func (a *app) sweepLogs(dry bool) ([]string, error) {
 	// The directory is read before the containers are listed: a log file
 	// is made after its container, so a file seen here whose container is
 	// not listed after is an orphan.
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	names, err := a.lf.Node().LogFiles(a.ctx, dir)
 	if err != nil {
 		return nil, fmt.Errorf("logs in %s: %w", dir, err)
 	}
@@ -33,14 +29,14 @@ func (a *app) sweepLogs(dry bool) ([]string, error) {
 	}
 	var removed []string
 	var errs []error
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".log")
-		if !ok || !e.Type().IsRegular() || live[id] {
+	for _, name := range names {
+		id, ok := strings.CutSuffix(name, ".log")
+		if !ok || live[id] {
 			continue
 		}
-		p := filepath.Join(dir, e.Name())
+		p := filepath.Join(dir, name)
 		if !dry {
-			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := a.lf.Node().RemoveLog(a.ctx, p); err != nil {
 				errs = append(errs, err)
 				continue
 			}

@@ -35,7 +35,9 @@ type globals struct {
 	address   string
 	namespace string
 	root      string
-	logDir    string
+	// api is the node API's socket ("": the root's, see nodeOpt).
+	api    string
+	logDir string
 	// allRuntimes: commands see and act on containers of every runtime,
 	// not only LazyFork's (io.containerd.lazyfork.v1).
 	allRuntimes bool
@@ -96,6 +98,7 @@ func defaultGlobals() globals {
 		address:   envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"),
 		namespace: envOr("CONTAINERD_NAMESPACE", "default"),
 		root:      envOr("LAZYFORK_ROOT", api.DefaultRoot),
+		api:       os.Getenv("LAZYFORK_API"),
 		logDir:    envOr("LAZYFORK_LOG_DIR", "/var/log/lazyfork/containers"),
 	}
 }
@@ -106,6 +109,7 @@ func addGlobals(fs *pflag.FlagSet, g *globals) {
 	fs.StringVarP(&g.address, "address", "a", g.address, "containerd socket ($CONTAINERD_ADDRESS)")
 	fs.StringVarP(&g.namespace, "namespace", "n", g.namespace, "containerd namespace ($CONTAINERD_NAMESPACE)")
 	fs.StringVar(&g.root, "root", g.root, "LazyFork root: memory files and snapshots ($LAZYFORK_ROOT)")
+	fs.StringVar(&g.api, "api", g.api, "LazyFork's node API socket (default: ROOT/snapshotter.sock.ttrpc) ($LAZYFORK_API)")
 	fs.StringVar(&g.logDir, "log-dir", g.logDir, "where containers' output is logged ($LAZYFORK_LOG_DIR)")
 	fs.BoolVar(&g.allRuntimes, "all-runtimes", g.allRuntimes, "also see and act on containers of other runtimes (runc, ...): by default only LazyFork's")
 }
@@ -263,10 +267,11 @@ func (x *cli) runCommand(c *command, fs *pflag.FlagSet, pos, cmd []string) error
 		}
 		defer cd.Close()
 		a.cd = cd
-		a.lf = client.New(cd, client.WithRoot(g.root))
+		a.lf = client.New(cd, nodeOpt(g))
 	} else {
-		a.lf = client.New(nil, client.WithRoot(g.root))
+		a.lf = client.New(nil, nodeOpt(g))
 	}
+	defer a.lf.Node().Close()
 	return c.run(a, fs, pos, cmd)
 }
 
@@ -286,6 +291,22 @@ func connect(g globals, opts ...containerd.Opt) (*containerd.Client, error) {
 		return nil, fmt.Errorf("connect to containerd at %s: %w (is it running? try lazyfork setup)", g.address, err)
 	}
 	return cd, nil
+}
+
+// nodeOpt is how the client reaches LazyFork's root: through the node API
+// (--api, else the root's socket, which lazyfork setup has
+// lazyfork-snapshotter serve); only a root other than the default whose
+// socket is missing (a private stack without the snapshotter, on this host)
+// is worked on directly.
+func nodeOpt(g globals) client.Opt {
+	if g.api != "" {
+		return client.WithAPI(g.api)
+	}
+	sock := api.Root(g.root).APISocket()
+	if _, err := os.Stat(sock); err != nil && filepath.Clean(g.root) != api.DefaultRoot {
+		return client.WithRoot(g.root)
+	}
+	return client.WithAPI(sock)
 }
 
 // permissionDenied is the error for a user who may not use containerd's

@@ -132,7 +132,7 @@ func (a *app) setup(o setupOpts) error {
 		fmt.Fprintf(a.out, "snapshotter: running at %s\n", snAddr)
 	} else {
 		bin := findBin(binDir, "lazyfork-snapshotter")
-		pid, err := a.startDaemon("snapshotter", stack, bin, []string{"--root", filepath.Join(o.state, "snapshotter"), "--address", snAddr}, nil, o.logs)
+		pid, err := a.startDaemon("snapshotter", stack, bin, []string{"--root", filepath.Join(o.state, "snapshotter"), "--address", snAddr, "--lazyfork-root", a.g.root}, nil, o.logs)
 		if err != nil {
 			return fmt.Errorf("start lazyfork-snapshotter: %w", err)
 		}

@@ -3,8 +3,6 @@ package main
 import (
 	"encoding/csv"
 	"fmt"
-	"io/fs"
-	"path/filepath"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -12,8 +10,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/lazyfork/lazyfork/api"
-	"github.com/lazyfork/lazyfork/internal/procfs"
-	"github.com/lazyfork/lazyfork/memfile"
 )
 
 type stats struct {
@@ -65,17 +61,15 @@ func init() {
 			labels, _ := ctr.Labels(a.ctx)
 			s := stats{ID: r.ID, Name: r.Name, State: r.State, Memory: r.Memory,
 				MemFile: r.MemFile, MemFileBytes: r.MemFileBytes, MemFileMappings: r.MemFileMappings}
-			if r.PID != 0 {
-				s.RssAnon, s.RssShared = procRss(r.PID)
-			}
+			s.RssAnon, s.RssShared = r.rssAnon, r.rssShared
 			s.Snapshot = labels[api.LabelStopped]
 			if s.Snapshot == "" {
 				s.Snapshot = labels[api.LabelSnapshot]
 			}
 			if s.Snapshot != "" {
-				if info, err := memfile.ReadSnapshot(s.Snapshot); err == nil {
+				if info, err := a.lf.Node().Snapshot(a.ctx, s.Snapshot); err == nil {
 					s.SnapshotPages = info.Pages
-					s.SnapshotBytes = dirBytes(s.Snapshot)
+					s.SnapshotBytes = info.Bytes
 				} else {
 					s.Snapshot += " (removed)"
 				}
@@ -120,22 +114,3 @@ func init() {
 }
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
-
-// procRss reads RssAnon and RssShmem (pages of the memory files) of a process.
-func procRss(pid uint32) (anon, shared int64) {
-	m, _ := procfs.ReadMem(int(pid)) // the status fields, even if smaps_rollup is not readable
-	return m.RssAnon, m.RssShmem
-}
-
-func dirBytes(dir string) int64 {
-	var n int64
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
-		}
-		return nil
-	})
-	return n
-}

@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
@@ -21,6 +22,9 @@ type Config struct {
 	// TTRPCAddress is the unix socket of the lazyfork.v1 API
 	// (default: Address + ".ttrpc").
 	TTRPCAddress string `toml:"ttrpc_address"`
+	// LazyForkRoot is LazyFork's root (the shim's LAZYFORK_ROOT), whose
+	// files the lazyfork.v1 Node API serves to clients.
+	LazyForkRoot string `toml:"lazyfork_root"`
 	// MountOptions are added to every overlay mount.
 	MountOptions []string `toml:"mount_options"`
 	// AsyncRemove leaves freeing removed layers' disk to Cleanup (containerd's
@@ -35,7 +39,11 @@ const DefaultRoot = "/var/lib/lazyfork/snapshotter"
 
 // DefaultConfig is the configuration without a file or flags.
 func DefaultConfig() Config {
-	return Config{Root: DefaultRoot, Address: client.DefaultAddress, LogLevel: "info"}
+	root := api.DefaultRoot
+	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
+		root = v
+	}
+	return Config{Root: DefaultRoot, Address: client.DefaultAddress, LazyForkRoot: root, LogLevel: "info"}
 }
 
 // LoadConfig reads a TOML file over DefaultConfig; unknown keys are errors,
@@ -71,6 +79,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Root == "":
 		return fmt.Errorf("root is empty: %w", errdefs.ErrInvalidArgument)
+	case c.LazyForkRoot == "":
+		return fmt.Errorf("lazyfork_root is empty: %w", errdefs.ErrInvalidArgument)
 	case c.Address == "":
 		return fmt.Errorf("address is empty: %w", errdefs.ErrInvalidArgument)
 	case c.Address == c.ttrpcAddress():

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc"
 
+	"github.com/lazyfork/lazyfork/node"
 	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 	"github.com/lazyfork/lazyfork/snapshotter"
 )
@@ -61,6 +62,8 @@ func New(ctx context.Context, cfg Config, version string) (*Server, error) {
 		return nil, err
 	}
 	lazyforkv1.RegisterSnapshotterService(s.ttrpc, &snapshotter.Service{S: sn, Version: version})
+	// The node API: what clients need of LazyFork's root (package node).
+	lazyforkv1.RegisterNodeService(s.ttrpc, &node.Service{N: node.NewLocal(cfg.LazyForkRoot)})
 
 	for _, a := range []string{cfg.Address, cfg.ttrpcAddress()} {
 		l, err := listen(ctx, a)
@@ -83,7 +86,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	go func() { errc <- s.grpc.Serve(s.lns[0]) }()
 	go func() { errc <- s.ttrpc.Serve(ctx, s.lns[1]) }()
 	log.G(ctx).WithField("address", s.cfg.Address).WithField("ttrpc", s.cfg.ttrpcAddress()).
-		WithField("root", s.cfg.Root).Info("lazyfork-snapshotter serving")
+		WithField("root", s.cfg.Root).WithField("lazyfork_root", s.cfg.LazyForkRoot).Info("lazyfork-snapshotter serving")
 	var first error
 	for range 2 {
 		err := <-errc
