@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -301,22 +300,8 @@ func (l *Local) FreeSpace(context.Context) (Space, error) {
 
 // memAvailable is MemAvailable of /proc/meminfo, in bytes.
 func memAvailable() (uint64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				return 0, err
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo: %w", errdefs.ErrNotFound)
+	v, err := procfs.MemInfo("MemAvailable")
+	return uint64(v), err
 }
 
 func (l *Local) opPath(id string) string { return filepath.Join(l.root.Ops(), id+".json") }
@@ -550,17 +535,10 @@ func (l *Local) SaveRestoreLog(ctx context.Context, ns, id string) (string, erro
 	if strings.ContainsAny(ns+id, "/\x00") || ns == "" || id == "" || ns == ".." || id == ".." {
 		return "", fmt.Errorf("restore log of %s/%s: %w", ns, id, errdefs.ErrInvalidArgument)
 	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-lazyfork") {
-			continue
-		}
-		cwd, err := os.Readlink(filepath.Join(filepath.Dir(p), "cwd"))
+	for _, p := range procfs.Find(func(args []string) bool {
+		return strings.HasPrefix(filepath.Base(args[0]), "containerd-shim-lazyfork")
+	}) {
+		cwd, err := os.Readlink("/proc/" + strconv.Itoa(p.PID) + "/cwd")
 		if err != nil || filepath.Base(filepath.Dir(cwd)) != ns {
 			continue
 		}

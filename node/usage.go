@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
 
+	"github.com/lazyfork/lazyfork/internal/cgroupmem"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -80,41 +81,13 @@ func parseMemFileMaps(r io.Reader) (memFileUse, error) {
 
 // procRss reads RssAnon and RssShmem (pages of the memory files) of a process.
 func procRss(pid uint32) (anon, shared int64) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "RssAnon:":
-			anon = v << 10
-		case "RssShmem:":
-			shared = v << 10
-		}
-	}
-	return anon, shared
+	m, _ := procfs.ReadMem(int(pid)) // the status fields, even if smaps_rollup is not readable
+	return m.RssAnon, m.RssShmem
 }
 
 // cgroupMemory reads a cgroup's memory usage: cgroup v1 (memory controller)
 // or v2; 0 if unknown (e.g. a systemd slice path).
 func cgroupMemory(path string) int64 {
-	if path == "" || !strings.HasPrefix(path, "/") || strings.Contains(path, "..") {
-		return 0
-	}
-	for _, f := range []string{
-		filepath.Join("/sys/fs/cgroup/memory", path, "memory.usage_in_bytes"),
-		filepath.Join("/sys/fs/cgroup", path, "memory.current"),
-	} {
-		if b, err := os.ReadFile(f); err == nil {
-			if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
-				return v
-			}
-		}
-	}
-	return 0
+	v, _ := cgroupmem.Usage(path)
+	return v
 }
