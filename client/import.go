@@ -243,6 +243,14 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 		return nil, fail(err)
 	}
 	src := &api.SnapshotSource{Namespace: ns, Container: name, Family: family, Taken: time.Now().UTC()}
+	if meta.spec.Annotations != nil {
+		// A pod's container (the spec CRI made): its pod's Kubernetes
+		// namespace and opt-in, as the shim records them at a checkpoint,
+		// so pods of that namespace may fork the import (lazyfork.io/fork-of
+		// naming its snapshot directory) as they may fork the original.
+		src.PodNamespace = meta.spec.Annotations[annotationSandboxNamespace]
+		src.Forkable = meta.spec.Annotations[api.AnnotationForkable] == "true"
+	}
 	res, err := store.Rewrite(ctx, imageDir, memfile.RewriteOptions{
 		Family: family,
 		MapDir: memfile.MountPath,
