@@ -104,7 +104,7 @@ func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr
 		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s: %w", api.AnnotationForkOf, ref, err)
 	}
 	if _, err := memfile.ReadSnapshot(image); err != nil {
-		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s holds no LazyFork snapshot (was it taken under the lazyfork runtime?): %w", api.AnnotationForkOf, ref, err)
+		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s holds no LazyFork snapshot: if it is a standard archive (lazyfork export, or a checkpoint taken under another runtime), import it with `lazyfork -n k8s.io import FILE` and name the imported snapshot in %s: %w", api.AnnotationForkOf, ref, api.AnnotationForkOf, err)
 	}
 	return image, top, nil
 }
