@@ -326,29 +326,12 @@ func (c *Client) writeRootfsDiff(ctx context.Context, snapDir string, info conta
 	if snap, err := c.node.Snapshot(ctx, api.ImageDir(snapDir)); err == nil && snap.Rootfs != nil {
 		rfs = snap.Rootfs
 	}
-	layer := rfs.UpperCopy
-	if rfs.Frozen != "" {
-		lctx := ctx
-		if rfs.Namespace != "" {
-			lctx = namespaces.WithNamespace(ctx, rfs.Namespace)
-		}
-		sn := c.cd.SnapshotService(rfs.Snapshotter)
-		view := "lazyfork-view-" + randomHex(6)
-		mounts, err := sn.View(lctx, view, rfs.Frozen)
-		if err != nil {
-			return fmt.Errorf("view frozen layer %s: %w", rfs.Frozen, err)
-		}
-		defer func() {
-			if err := sn.Remove(context.WithoutCancel(lctx), view); err != nil && !errdefs.IsNotFound(err) {
-				log.G(ctx).WithError(err).WithField("view", view).Warn("lazyfork: remove view")
-			}
-		}()
-		if layer, err = topLayer(mounts); err != nil {
-			return fmt.Errorf("frozen layer %s: %w", rfs.Frozen, err)
-		}
+	layer, release, err := c.recordedLayer(ctx, rfs)
+	if err != nil {
+		return err
 	}
+	defer release()
 	if layer == "" && info.SnapshotKey != "" {
-		var err error
 		if layer, err = c.upperDir(ctx, info.Snapshotter, info.SnapshotKey); err != nil {
 			return err
 		}

@@ -158,33 +158,46 @@ func (c *Client) CopySnapshotLayer(ctx context.Context, imageDir, upper string) 
 	if rfs == nil {
 		return fmt.Errorf("snapshot %s has no rootfs record: %w", imageDir, errdefs.ErrNotFound)
 	}
-	layer := rfs.UpperCopy
-	if rfs.Frozen != "" {
-		if rfs.Snapshotter == "" {
-			return fmt.Errorf("snapshot %s does not record where its frozen layer %s is (taken by an older LazyFork): %w", imageDir, rfs.Frozen, errdefs.ErrNotImplemented)
-		}
-		if rfs.Namespace != "" {
-			ctx = namespaces.WithNamespace(ctx, rfs.Namespace)
-		}
-		sn := c.cd.SnapshotService(rfs.Snapshotter)
-		view := "lazyfork-view-" + randomHex(6)
-		mounts, err := sn.View(ctx, view, rfs.Frozen)
-		if err != nil {
-			return fmt.Errorf("view frozen layer %s: %w", rfs.Frozen, err)
-		}
-		defer func() {
-			if err := sn.Remove(context.WithoutCancel(ctx), view); err != nil && !errdefs.IsNotFound(err) {
-				log.G(ctx).WithError(err).WithField("view", view).Warn("lazyfork: remove view")
-			}
-		}()
-		if layer, err = topLayer(mounts); err != nil {
-			return fmt.Errorf("frozen layer %s: %w", rfs.Frozen, err)
-		}
+	if rfs.Frozen != "" && rfs.Snapshotter == "" {
+		return fmt.Errorf("snapshot %s does not record where its frozen layer %s is (taken by an older LazyFork): %w", imageDir, rfs.Frozen, errdefs.ErrNotImplemented)
 	}
+	layer, release, err := c.recordedLayer(ctx, rfs)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := copyLayer(upper, layer); err != nil {
 		return fmt.Errorf("copy the snapshot's writable layer into the fork's: %w", err)
 	}
 	return nil
+}
+
+// recordedLayer is the directory holding the writable layer a snapshot's
+// rootfs record names: its copy of the upper directory, or a read-only view of
+// its frozen layer (release removes the view).
+func (c *Client) recordedLayer(ctx context.Context, rfs *api.RootfsRecord) (layer string, release func(), err error) {
+	if rfs.Frozen == "" {
+		return rfs.UpperCopy, func() {}, nil
+	}
+	if rfs.Namespace != "" {
+		ctx = namespaces.WithNamespace(ctx, rfs.Namespace)
+	}
+	sn := c.cd.SnapshotService(rfs.Snapshotter)
+	view := "lazyfork-view-" + randomHex(6)
+	mounts, err := sn.View(ctx, view, rfs.Frozen)
+	if err != nil {
+		return "", nil, fmt.Errorf("view frozen layer %s: %w", rfs.Frozen, err)
+	}
+	release = func() {
+		if err := sn.Remove(context.WithoutCancel(ctx), view); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("view", view).Warn("lazyfork: remove view")
+		}
+	}
+	if layer, err = topLayer(mounts); err != nil {
+		release()
+		return "", nil, fmt.Errorf("frozen layer %s: %w", rfs.Frozen, err)
+	}
+	return layer, release, nil
 }
 
 // topLayer is the directory of the topmost layer of a read-only view: the
