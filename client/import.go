@@ -2,9 +2,6 @@ package client
 
 import (
 	"archive/tar"
-	"bufio"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -34,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/ckptarchive"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
@@ -319,34 +317,10 @@ type archiveMetadata struct {
 	spec   *specs.Spec
 }
 
-// openArchive opens a (possibly gzipped) tar.
-func openArchive(p string) (*tar.Reader, io.Closer, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, nil, err
-	}
-	br := bufio.NewReader(f)
-	var r io.Reader = br
-	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			f.Close()
-			return nil, nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
-		}
-		r = zr
-	}
-	return tar.NewReader(r), f, nil
-}
-
-// entryName is a tar entry's clean relative name.
-func entryName(h *tar.Header) string {
-	return path.Clean(strings.TrimPrefix(h.Name, "./"))
-}
-
 // readArchiveMetadata reads config.dump and spec.dump and checks that the
 // archive has a CRIU image.
 func readArchiveMetadata(p string) (*archiveMetadata, error) {
-	tr, closer, err := openArchive(p)
+	tr, closer, err := ckptarchive.Open(p)
 	if err != nil {
 		return nil, err
 	}
@@ -361,7 +335,7 @@ func readArchiveMetadata(p string) (*archiveMetadata, error) {
 		if err != nil {
 			return nil, fmt.Errorf("not a checkpoint archive (a tar as lazyfork export or a CRI checkpoint writes): %v: %w", err, errdefs.ErrInvalidArgument)
 		}
-		name := entryName(h)
+		name := ckptarchive.EntryName(h)
 		if name == path.Join(metadata.CheckpointDirectory, "inventory.img") && h.Typeflag == tar.TypeReg {
 			haveImage = true
 		}
@@ -407,75 +381,26 @@ func readArchiveMetadata(p string) (*archiveMetadata, error) {
 // (O_EXCL, no links followed); the layer applier keeps every path inside
 // upper. The whole must fit in what the tmpfs has free.
 func unpackArchive(ctx context.Context, p, image, upper string) error {
-	tr, closer, err := openArchive(p)
-	if err != nil {
-		return err
-	}
-	defer closer.Close()
 	var fs unix.Statfs_t
 	if err := unix.Statfs(image, &fs); err != nil {
 		return err
 	}
-	budget := int64(fs.Bavail)*fs.Bsize - importTmpfsSpare
-	var total int64
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read: %v: %w", err, errdefs.ErrInvalidArgument)
-		}
-		name := entryName(h)
-		if name == metadata.RootFsDiffTar && h.Typeflag == tar.TypeReg {
-			if h.Size > budget-total {
-				return noSpace(name, h.Size, budget)
-			}
-			total += h.Size
-			layer, err := compression.DecompressStream(tr)
-			if err != nil {
-				return fmt.Errorf("%s: %v: %w", name, err, errdefs.ErrInvalidArgument)
-			}
-			_, err = archive.Apply(ctx, upper, layer, archive.WithConvertWhiteout(archive.OverlayConvertWhiteout))
-			layer.Close()
-			if err != nil {
-				if errors.Is(err, unix.ENOSPC) {
-					return noSpace(name, h.Size, budget)
+	_, err := ckptarchive.Unpack(p, image, ckptarchive.Options{
+		Budget:  int64(fs.Bavail)*fs.Bsize - importTmpfsSpare,
+		NoSpace: noSpace,
+		Extra: map[string]func(io.Reader) error{
+			metadata.RootFsDiffTar: func(r io.Reader) error {
+				layer, err := compression.DecompressStream(r)
+				if err != nil {
+					return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 				}
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			continue
-		}
-		dir, file := path.Split(name)
-		if path.Clean(dir) != metadata.CheckpointDirectory || file == "" || file == "." || file == ".." {
-			continue
-		}
-		switch h.Typeflag {
-		case tar.TypeReg:
-		case tar.TypeDir:
-			continue
-		default:
-			return fmt.Errorf("entry %q is not a regular file: %w", h.Name, errdefs.ErrInvalidArgument)
-		}
-		if h.Size < 0 || h.Size > budget-total {
-			return noSpace(h.Name, h.Size, budget)
-		}
-		total += h.Size
-		out, err := os.OpenFile(filepath.Join(image, file), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
-		if err != nil {
-			return err
-		}
-		_, err = io.CopyN(out, tr, h.Size)
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			if errors.Is(err, unix.ENOSPC) {
-				return noSpace(h.Name, h.Size, budget)
-			}
-			return fmt.Errorf("entry %q: %w", h.Name, err)
-		}
-	}
+				defer layer.Close()
+				_, err = archive.Apply(ctx, upper, layer, archive.WithConvertWhiteout(archive.OverlayConvertWhiteout))
+				return err
+			},
+		},
+	})
+	return err
 }
 
 func noSpace(entry string, size, budget int64) error {

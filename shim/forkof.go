@@ -2,9 +2,6 @@ package shim
 
 import (
 	"archive/tar"
-	"bufio"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -26,12 +23,9 @@ import (
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/internal/ckptarchive"
 	"github.com/lazyfork/lazyfork/memfile"
 )
-
-// archiveCheckpointDir is where containerd's CRI checkpoint archive keeps the
-// CRIU image (checkpointctl's CheckpointDirectory).
-const archiveCheckpointDir = "checkpoint"
 
 // Limits on an archive's checkpoint entries: the image of a LazyFork snapshot
 // is small (its memory lives in the family's files; what stays in the image is
@@ -39,9 +33,8 @@ const archiveCheckpointDir = "checkpoint"
 // anything far larger is refused rather than filling the tmpfs. The total is
 // also bounded by the space the tmpfs has, less a reserve for running forks.
 const (
-	maxArchiveEntries = 100000
-	maxArchiveTotal   = 4 << 30
-	archiveReserve    = 256 << 20
+	maxArchiveTotal = 4 << 30
+	archiveReserve  = 256 << 20
 )
 
 // forkOf returns the fork-of reference that applies to a container with these
@@ -109,80 +102,25 @@ func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr
 	return image, top, nil
 }
 
-// unpackCheckpoint extracts the regular files directly under checkpoint/ of a
-// (possibly gzipped) tar archive into dst. Entries are untrusted: only plain
-// names one level below checkpoint/ are written, each created anew inside dst
-// (O_EXCL, no links followed); everything else in the archive is skipped.
+// unpackCheckpoint extracts the CRIU image (the regular files directly under
+// checkpoint/) of a (possibly gzipped) checkpoint archive into dst, as
+// untrusted input (ckptarchive.Unpack).
 func unpackCheckpoint(archive, dst string) error {
-	f, err := os.Open(archive)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	br := bufio.NewReader(f)
-	var r io.Reader = br
-	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
-		}
-		defer zr.Close()
-		r = zr
-	}
 	budget, err := archiveBudget(dst)
 	if err != nil {
 		return err
 	}
-	tr := tar.NewReader(r)
-	n := 0
-	var total int64
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read: %v: %w", err, errdefs.ErrInvalidArgument)
-		}
-		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
-		dir, file := path.Split(name)
-		if path.Clean(dir) != archiveCheckpointDir || file == "" || file == "." || file == ".." {
-			continue
-		}
-		if h.Typeflag != tar.TypeReg {
-			if h.Typeflag == tar.TypeDir {
-				continue
-			}
-			return fmt.Errorf("entry %q is not a regular file: %w", h.Name, errdefs.ErrInvalidArgument)
-		}
-		if sparse(h) {
-			// A few bytes of archive would expand to its full size of zeros.
-			return fmt.Errorf("entry %q is sparse; containerd never writes sparse checkpoint entries: %w", h.Name, errdefs.ErrInvalidArgument)
-		}
-		if n++; n > maxArchiveEntries {
-			return fmt.Errorf("more than %d checkpoint entries: %w", maxArchiveEntries, errdefs.ErrInvalidArgument)
-		}
-		if h.Size < 0 || h.Size > budget-total {
+	n, err := ckptarchive.Unpack(archive, dst, ckptarchive.Options{
+		Budget: budget,
+		NoSpace: func(entry string, size, budget int64) error {
 			return fmt.Errorf("entry %q of %d bytes exceeds what is left of %d bytes for the whole image (tmpfs space less %d MiB kept for running forks, at most %d GiB): %w",
-				h.Name, h.Size, budget, archiveReserve>>20, maxArchiveTotal>>30, errdefs.ErrResourceExhausted)
-		}
-		total += h.Size
-		out, err := os.OpenFile(filepath.Join(dst, file), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
-		if err != nil {
-			return err
-		}
-		_, err = io.CopyN(out, tr, h.Size)
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("entry %q: %w", h.Name, err)
-		}
+				entry, size, budget, archiveReserve>>20, maxArchiveTotal>>30, errdefs.ErrResourceExhausted)
+		},
+	})
+	if err == nil && n == 0 {
+		err = fmt.Errorf("no %s/ entries (not a containerd checkpoint archive): %w", ckptarchive.CheckpointDir, errdefs.ErrInvalidArgument)
 	}
-	if n == 0 {
-		return fmt.Errorf("no %s/ entries (not a containerd checkpoint archive): %w", archiveCheckpointDir, errdefs.ErrInvalidArgument)
-	}
-	return nil
+	return err
 }
 
 // archiveBudget is how many bytes an archive's image may take in dir: what
@@ -194,19 +132,6 @@ func archiveBudget(dir string) (int64, error) {
 	}
 	free := int64(fs.Bavail)*fs.Bsize - archiveReserve
 	return max(0, min(free, maxArchiveTotal)), nil
-}
-
-// sparse reports whether a tar entry is a sparse file (old GNU or PAX form).
-func sparse(h *tar.Header) bool {
-	if h.Typeflag == tar.TypeGNUSparse {
-		return true
-	}
-	for k := range h.PAXRecords {
-		if strings.HasPrefix(k, "GNU.sparse.") {
-			return true
-		}
-	}
-	return false
 }
 
 // archiveRootfsDiff is the entry of containerd's CRI checkpoint archive that
