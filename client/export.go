@@ -251,7 +251,11 @@ func (c *Client) exportSource(ctx context.Context, ref string) (imageDir string,
 	if err != nil {
 		return "", nil, false, err
 	}
-	if snap := labels[api.LabelStopped]; snap != "" {
+	snap, err := c.stoppedSnapshot(ctx, id, labels)
+	if err != nil {
+		return "", nil, false, err
+	}
+	if snap != "" {
 		return snap, ctr, false, nil
 	}
 	res, err := c.Checkpoint(ctx, id)

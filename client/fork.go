@@ -209,7 +209,11 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	}
 	if err != nil || st.Status != containerd.Running && st.Status != containerd.Paused {
 		// A stopped container forks from the snapshot Stop kept.
-		if snap := info.Labels[api.LabelStopped]; snap != "" && n > 0 {
+		snap, serr := c.stoppedSnapshot(ctx, parentID, info.Labels)
+		if serr != nil {
+			return nil, fmt.Errorf("fork %s: %w", parentID, serr)
+		}
+		if snap != "" && n > 0 {
 			forks, err := c.RestoreForks(ctx, parentID, snap, n, opts...)
 			if err != nil {
 				return nil, err

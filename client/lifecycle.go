@@ -118,7 +118,9 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("delete %s: task: %w", id, err)
 	}
 	var errs []error
-	if snap := labels[api.LabelStopped]; snap != "" {
+	if snap, err := c.stoppedSnapshot(ctx, id, labels); err != nil {
+		log.G(ctx).WithError(err).Warn("lazyfork: left the snapshot its label names")
+	} else if snap != "" {
 		if err := c.RemoveSnapshot(ctx, snap); err != nil {
 			errs = append(errs, err)
 		}
@@ -184,4 +186,29 @@ func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no container named %q (no id, name or id prefix matches): %w", ref, errdefs.ErrNotFound)
+}
+
+// stoppedSnapshot is the snapshot container id's lazyfork.io/stopped label
+// names, "" if none, and an error if the snapshot is not that container's
+// own. Labels are not LazyFork's alone to write: CRI copies an image's
+// labels onto its containers, so an image could name another container's
+// snapshot there, to be forked or removed on its behalf.
+func (c *Client) stoppedSnapshot(ctx context.Context, id string, labels map[string]string) (string, error) {
+	snap := labels[api.LabelStopped]
+	if snap == "" {
+		return "", nil
+	}
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return "", err
+	}
+	s, err := c.node.Snapshot(ctx, snap)
+	if err != nil {
+		return "", fmt.Errorf("label %s of %s: %w", api.LabelStopped, id, err)
+	}
+	if s.SourceNamespace != ns || s.SourceContainer != id {
+		return "", fmt.Errorf("label %s of %s names %s, a snapshot of %s/%s, not of this container: %w",
+			api.LabelStopped, id, snap, s.SourceNamespace, s.SourceContainer, errdefs.ErrPermissionDenied)
+	}
+	return snap, nil
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +36,18 @@ func (l *Local) RemoveLog(_ context.Context, path string) error {
 	p, err := logPath(path)
 	if err != nil {
 		return err
+	}
+	fi, err := os.Lstat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// A log is a regular file named *.log: nothing else is removed through
+	// this call, whatever path a container's label gives.
+	if !fi.Mode().IsRegular() || !strings.HasSuffix(p, ".log") {
+		return fmt.Errorf("%s is not a log file (a regular *.log file): %w", p, errdefs.ErrInvalidArgument)
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err

@@ -87,6 +87,9 @@ type Snapshot struct {
 	Rootfs *api.RootfsRecord
 	// Bytes of the snapshot directory's files.
 	Bytes int64
+	// SourceNamespace and SourceContainer say whose snapshot it is (its
+	// api.SnapshotSource); empty if it has no source record.
+	SourceNamespace, SourceContainer string
 }
 
 // SnapshotDir is one directory of ROOT/snapshots.

@@ -136,7 +136,7 @@ func (r *Remote) Snapshot(ctx context.Context, imageDir string) (*Snapshot, erro
 		return nil, err
 	}
 	return &Snapshot{ImageDir: s.ImageDir, Family: s.Family, Pages: s.Pages, Thawed: fromUnixNano(s.ThawedUnixNano),
-		Rootfs: rootfsFromPB(s.Rootfs), Bytes: s.Bytes}, nil
+		Rootfs: rootfsFromPB(s.Rootfs), Bytes: s.Bytes, SourceNamespace: s.SourceNamespace, SourceContainer: s.SourceContainer}, nil
 }
 
 func (r *Remote) SnapshotDirs(ctx context.Context) ([]SnapshotDir, error) {

@@ -58,7 +58,7 @@ func (s *Service) GetSnapshot(ctx context.Context, r *pb.GetSnapshotRequest) (*p
 		return nil, toGRPC(err)
 	}
 	return &pb.Snapshot{ImageDir: sn.ImageDir, Family: sn.Family, Pages: sn.Pages, ThawedUnixNano: unixNano(sn.Thawed),
-		Rootfs: rootfsToPB(sn.Rootfs), Bytes: sn.Bytes}, nil
+		Rootfs: rootfsToPB(sn.Rootfs), Bytes: sn.Bytes, SourceNamespace: sn.SourceNamespace, SourceContainer: sn.SourceContainer}, nil
 }
 
 func (s *Service) ListSnapshotDirs(ctx context.Context, _ *pb.Empty) (*pb.ListSnapshotDirsResponse, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
@@ -103,8 +104,16 @@ func (a *app) delete(id string, force bool) error {
 	if err := a.lf.Delete(a.ctx, id); err != nil {
 		return err
 	}
-	if logPath != "" {
+	if ownLog(logPath, a.g.namespace, id) {
 		_ = a.lf.Node().RemoveLog(a.ctx, logPath)
 	}
 	return nil
+}
+
+// ownLog reports whether p is laid out as the log LazyFork gives container id
+// of namespace ns (LOGDIR/NS/ID.log). The lazyfork.io/log label is not
+// LazyFork's alone to write (CRI copies an image's labels onto its
+// containers), so delete removes no other file it might name.
+func ownLog(p, ns, id string) bool {
+	return p != "" && filepath.IsAbs(p) && filepath.Base(p) == id+".log" && filepath.Base(filepath.Dir(p)) == ns
 }

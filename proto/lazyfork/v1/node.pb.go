@@ -375,9 +375,13 @@ type Snapshot struct {
 	// rootfs is unset when the snapshot has no rootfs record.
 	Rootfs *Rootfs `protobuf:"bytes,5,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	// bytes of the snapshot directory's files.
-	Bytes         int64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bytes int64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// source_namespace and source_container: whose snapshot it is
+	// (api.SnapshotSource), empty if it has no source record.
+	SourceNamespace string `protobuf:"bytes,7,opt,name=source_namespace,json=sourceNamespace,proto3" json:"source_namespace,omitempty"`
+	SourceContainer string `protobuf:"bytes,8,opt,name=source_container,json=sourceContainer,proto3" json:"source_container,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -450,6 +454,20 @@ func (x *Snapshot) GetBytes() int64 {
 		return x.Bytes
 	}
 	return 0
+}
+
+func (x *Snapshot) GetSourceNamespace() string {
+	if x != nil {
+		return x.SourceNamespace
+	}
+	return ""
+}
+
+func (x *Snapshot) GetSourceContainer() string {
+	if x != nil {
+		return x.SourceContainer
+	}
+	return ""
 }
 
 type SnapshotDir struct {
@@ -1872,14 +1890,16 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\fsnapshot_dir\x18\x01 \x01(\tR\vsnapshotDir\x12+\n" +
 	"\x06rootfs\x18\x02 \x01(\v2\x13.lazyfork.v1.RootfsR\x06rootfs\"1\n" +
 	"\x12GetSnapshotRequest\x12\x1b\n" +
-	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\xc2\x01\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\x98\x02\n" +
 	"\bSnapshot\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x16\n" +
 	"\x06family\x18\x02 \x01(\tR\x06family\x12\x14\n" +
 	"\x05pages\x18\x03 \x01(\x04R\x05pages\x12(\n" +
 	"\x10thawed_unix_nano\x18\x04 \x01(\x03R\x0ethawedUnixNano\x12+\n" +
 	"\x06rootfs\x18\x05 \x01(\v2\x13.lazyfork.v1.RootfsR\x06rootfs\x12\x14\n" +
-	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\"\x84\x01\n" +
+	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\x12)\n" +
+	"\x10source_namespace\x18\a \x01(\tR\x0fsourceNamespace\x12)\n" +
+	"\x10source_container\x18\b \x01(\tR\x0fsourceContainer\"\x84\x01\n" +
 	"\vSnapshotDir\x12\x10\n" +
 	"\x03dir\x18\x01 \x01(\tR\x03dir\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12&\n" +
