@@ -46,6 +46,14 @@ var templateFuncs = template.FuncMap{
 var fieldRef = regexp.MustCompile(`\{\{\s*\.(\w+)\s*\}\}`)
 
 // parseFormat reads a --format value.
+// listingFormat checks that a listing got no arguments and parses its --format.
+func listingFormat(pos []string, format string) (*output, error) {
+	if err := needArgs(pos, 0, "no arguments"); err != nil {
+		return nil, err
+	}
+	return parseFormat(format)
+}
+
 func parseFormat(format string) (*output, error) {
 	switch format {
 	case "", "table":

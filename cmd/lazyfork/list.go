@@ -59,10 +59,7 @@ func init() {
 			fs.BoolVarP(&quiet, "quiet", "q", false, "print the ids only")
 		},
 		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
-			if err := needArgs(pos, 0, "no arguments"); err != nil {
-				return err
-			}
-			o, err := parseFormat(format)
+			o, err := listingFormat(pos, format)
 			if err != nil {
 				return err
 			}

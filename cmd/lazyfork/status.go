@@ -50,10 +50,7 @@ func init() {
   lazyfork status --format '{{.Snapshotter}}'`,
 		flags: func(fs *pflag.FlagSet) { addFormat(fs, &format) },
 		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
-			if err := needArgs(pos, 0, "no arguments"); err != nil {
-				return err
-			}
-			o, err := parseFormat(format)
+			o, err := listingFormat(pos, format)
 			if err != nil {
 				return err
 			}

@@ -23,10 +23,7 @@ func init() {
   lazyfork tree --format '{{.Depth}} {{.ID}}'       # a Go template per container, parents first`,
 		flags: func(fs *pflag.FlagSet) { addFormat(fs, &format) },
 		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
-			if err := needArgs(pos, 0, "no arguments"); err != nil {
-				return err
-			}
-			o, err := parseFormat(format)
+			o, err := listingFormat(pos, format)
 			if err != nil {
 				return err
 			}
