@@ -5,6 +5,9 @@
 //	plain      CRIU dump, restore (the control)
 //	rewritten  CRIU dump, LazyFork rewrite (memfile, with the madvise guard the
 //	           shim adds by default), restore
+//	           (a test listed in madvise.list runs with the guard mode a user
+//	           of such a program would choose, lazyfork.io/madvise; in zero
+//	           mode a supervisor traces each restored copy, as the shim's does)
 //	fork2      as rewritten, then the restored copy is dumped, rewritten and
 //	           restored again (a fork of a fork)
 //
@@ -51,6 +54,8 @@ import (
 
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
+	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
 var modes = []string{"plain", "rewritten", "fork2"}
@@ -60,14 +65,17 @@ var current atomic.Int64
 
 type config struct {
 	src, work, list, out string
-	known                string
+	known, madviseList   string
 	run                  *regexp.Regexp
 	guard                bool
+	madvise              string // "": per test (madvise.list, else refuse)
 	timeout              time.Duration
 	keep                 bool
 }
 
 func main() {
+	// The zero-mode supervisor is this program re-executed.
+	madvguard.MaybeServe()
 	var c config
 	var run string
 	flag.StringVar(&c.src, "src", "/var/cache/lazyfork/criu/criu-4.1.1", "CRIU source tree (make deps fetches it)")
@@ -76,7 +84,9 @@ func main() {
 	flag.StringVar(&c.known, "known", "zdtm/known.list", "known differences from plain CRIU: TEST REASON a line; reported, not counted as failures")
 	flag.StringVar(&c.out, "out", "", "CSV of the results (default WORK/results.csv)")
 	flag.StringVar(&run, "run", "", "only the tests of the list matching this regular expression")
-	flag.BoolVar(&c.guard, "guard", true, "add the madvise guard (refuse mode) to rewritten snapshots, as the shim does by default")
+	flag.BoolVar(&c.guard, "guard", true, "add the madvise guard to rewritten snapshots, as the shim does by default (false: -madvise off)")
+	flag.StringVar(&c.madviseList, "madvise-list", "zdtm/madvise.list", "tests run with another guard mode: TEST MODE REASON a line")
+	flag.StringVar(&c.madvise, "madvise", "", "guard mode of every test: refuse, zero or off (default: refuse, or the test's line in -madvise-list)")
 	flag.DurationVar(&c.timeout, "timeout", 2*time.Minute, "bound of one test run (one way)")
 	flag.BoolVar(&c.keep, "keep", false, "keep each run's images and CRIU logs under WORK/runs")
 	flag.Parse()
@@ -125,8 +135,13 @@ func mainErr(c config) (int, error) {
 		return 0, err
 	}
 	defer loop.Close()
-	loop.Guard = c.guard
-	r := &runner{c: c, static: static, loop: loop}
+	// The runner adds the guard itself, in each test's mode.
+	loop.Guard = false
+	guards, err := readModes(c)
+	if err != nil {
+		return 0, err
+	}
+	r := &runner{c: c, static: static, loop: loop, guards: guards}
 
 	f, err := os.Create(c.out)
 	if err != nil {
@@ -158,6 +173,9 @@ func mainErr(c config) (int, error) {
 					details = append(details, m+": "+detail)
 				}
 			}
+		}
+		if g := r.madvise(t); g != "refuse" {
+			details = append(details, "madvise="+g)
 		}
 		row = append(row, strings.Join(details, "; "))
 		rows = append(rows, row)
@@ -268,7 +286,82 @@ type runner struct {
 	c      config
 	static string
 	loop   *memloop.Loop
+	guards map[string]string // test -> madvise mode other than refuse (madvise.list)
 	seq    int
+}
+
+// madvise is the guard mode test t runs with: "refuse", "zero" or "off".
+func (r *runner) madvise(t string) string {
+	switch {
+	case !r.c.guard:
+		return "off"
+	case r.c.madvise != "":
+		return r.c.madvise
+	case r.guards[t] != "":
+		return r.guards[t]
+	}
+	return "refuse"
+}
+
+// readModes reads the tests that run in another guard mode: "TEST MODE
+// REASON" a line (-madvise-list), and checks -madvise.
+func readModes(c config) (map[string]string, error) {
+	check := func(m string) error {
+		if m == "off" {
+			return nil
+		}
+		_, err := madvguard.ParseMode(m)
+		return err
+	}
+	if c.madvise != "" {
+		if err := check(c.madvise); err != nil {
+			return nil, err
+		}
+	}
+	modes := map[string]string{}
+	b, err := os.ReadFile(c.madviseList)
+	if errors.Is(err, os.ErrNotExist) {
+		return modes, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || l[0] == '#' {
+			continue
+		}
+		f := strings.Fields(l)
+		if len(f) < 3 {
+			return nil, fmt.Errorf("%s:%d: want TEST MODE REASON", c.madviseList, i+1)
+		}
+		if err := check(f[1]); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", c.madviseList, i+1, err)
+		}
+		modes[f[0]] = f[1]
+	}
+	return modes, nil
+}
+
+// rewrite turns a dump into a snapshot of the loop's family, guarded as
+// the shim guards a checkpoint (memloop's options, the guard in mode).
+func (r *runner) rewrite(ctx context.Context, img, mode string) error {
+	opts := memfile.RewriteOptions{Family: r.loop.Family, MapDir: r.loop.MapDir, FileRoot: "/"}
+	if mode != "off" {
+		m, err := madvguard.ParseMode(mode)
+		if err != nil {
+			return err
+		}
+		opts.Stage = func(ctx context.Context, staging string) error {
+			ranges, err := madvguard.DataRanges(staging, r.loop.MapDir, r.loop.MapDir)
+			if err != nil {
+				return err
+			}
+			return madvguard.ApplyMode(staging, ranges, m)
+		}
+	}
+	_, err := r.loop.Store.Rewrite(ctx, img, opts)
+	return err
 }
 
 // runOne runs test t one way from a fresh start; it returns PASS, FAIL, or
@@ -319,19 +412,38 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 		return "start", err.Error()
 	}
 	cur := pid
+	guard := "off"
+	if mode != "plain" {
+		guard = r.madvise(t)
+	}
+	// In zero mode a supervisor traces each restored copy (as the shim's
+	// does) and lets go before its dump.
+	var sup *madvguard.Remote
+	defer func() {
+		if sup != nil {
+			sup.Close()
+		}
+	}()
 	rounds := 1
 	if mode == "fork2" {
 		rounds = 2
 	}
 	for round := 1; round <= rounds; round++ {
 		img := filepath.Join(runDir, fmt.Sprintf("img%d", round))
+		if sup != nil {
+			err := sup.Close()
+			sup = nil
+			if err != nil {
+				return "dump", fmt.Sprintf("detach the madvise supervisor: %v", err)
+			}
+		}
 		if _, err := criurun.Dump(ctx, cur, img, criurun.DumpOptions{Kill: true, ExtraArgs: d.opts}); err != nil {
 			killTree(cur)
 			return "dump", logError(err)
 		}
 		reapOrphans()
 		if mode != "plain" {
-			if _, err := r.loop.Rewrite(ctx, img); err != nil {
+			if err := r.rewrite(ctx, img, guard); err != nil {
 				return "rewrite", oneLine(err.Error())
 			}
 		}
@@ -342,6 +454,11 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 		cur = res.PID
 		current.Store(int64(cur))
 		defer killTree(cur)
+		if guard == "zero" {
+			if sup, err = madvguard.SpawnSupervisor(cur); err != nil {
+				return "restore", fmt.Sprintf("madvise supervisor: %v", err)
+			}
+		}
 	}
 	after, err := visible(cur, r.loop.MapDir)
 	if err != nil {
