@@ -13,10 +13,12 @@ import (
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/internal/workloads"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
+	madvguard.MaybeServe() // zero-mode supervisors are this binary re-executed
 	// Detached copies are re-parented to the test binary, which reaps them.
 	if os.Geteuid() == 0 {
 		if err := criurun.BecomeSubreaper(); err != nil {
