@@ -19,15 +19,18 @@
 // protection merged; a mapping of a memory file stands for the anonymous
 // memory it replaced).
 //
-// Tests run in zdtm.py's host flavour ('h'): the test daemon lives in the
-// host's namespaces and its dump is restored in place once it is gone. So a
-// test can change the host: tests.list leaves out those that do (cgroup
-// hierarchies, firewall rules, security policies); zdtm.py's namespace
-// flavours are not run.
+// Tests run in zdtm.py's host flavour ('h') by default: the test daemon
+// lives in the host's namespaces and its dump is restored in place once it
+// is gone. So a test can change the host: tests.list leaves out those that
+// do (cgroup hierarchies, firewall rules, security policies). -flavor ns
+// runs zdtm.py's namespace flavour instead (see nsFlavor): new pid, mount,
+// network, ipc and uts namespaces under a root of its own, with the family
+// directory mounted in it (as the shim mounts it in a container).
+// zdtm.py's user-namespace flavour (uns) is not run.
 // Output: a CSV (test,plain,rewritten,fork2,detail) and a summary on stdout;
 // the exit status is 1 when a test that passes plain fails another way.
 //
-// Usage (root): go run ./zdtm [-list zdtm/ci.list] [-out FILE] [-run REGEXP]
+// Usage (root): go run ./zdtm [-list zdtm/ci.list] [-out FILE] [-run REGEXP] [-flavor h|ns]
 package main
 
 import (
@@ -43,6 +46,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,6 +73,7 @@ type config struct {
 	run                  *regexp.Regexp
 	guard                bool
 	madvise              string // "": per test (madvise.list, else refuse)
+	flavor               string // "h" (host) or "ns"
 	timeout              time.Duration
 	keep                 bool
 }
@@ -87,6 +92,7 @@ func main() {
 	flag.BoolVar(&c.guard, "guard", true, "add the madvise guard to rewritten snapshots, as the shim does by default (false: -madvise off)")
 	flag.StringVar(&c.madviseList, "madvise-list", "zdtm/madvise.list", "tests run with another guard mode: TEST MODE REASON a line")
 	flag.StringVar(&c.madvise, "madvise", "", "guard mode of every test: refuse, zero or off (default: refuse, or the test's line in -madvise-list)")
+	flag.StringVar(&c.flavor, "flavor", "h", "zdtm.py flavour: h (the host's namespaces) or ns (new pid, mount, net, ipc, uts namespaces)")
 	flag.DurationVar(&c.timeout, "timeout", 2*time.Minute, "bound of one test run (one way)")
 	flag.BoolVar(&c.keep, "keep", false, "keep each run's images and CRIU logs under WORK/runs")
 	flag.Parse()
@@ -115,6 +121,7 @@ func mainErr(c config) (int, error) {
 	if err := criurun.BecomeSubreaper(); err != nil {
 		return 0, err
 	}
+	closeInherited()
 	// Interrupted: the running test's tree goes too.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM)
@@ -142,6 +149,17 @@ func mainErr(c config) (int, error) {
 		return 0, err
 	}
 	r := &runner{c: c, static: static, loop: loop, guards: guards}
+	switch c.flavor {
+	case "h":
+	case "ns":
+		testDir := filepath.Dir(filepath.Dir(static))
+		if r.ns, err = newNSFlavor(c.work, testDir, loop.MapDir); err != nil {
+			return 0, fmt.Errorf("ns flavour: %w", err)
+		}
+		defer r.ns.close()
+	default:
+		return 0, fmt.Errorf("-flavor %q: want h or ns", c.flavor)
+	}
 
 	f, err := os.Create(c.out)
 	if err != nil {
@@ -188,6 +206,19 @@ func mainErr(c config) (int, error) {
 		return 0, err
 	}
 	return summary(rows, known, c.out), w.Error()
+}
+
+// closeInherited marks every descriptor this process inherited beyond
+// stdio close-on-exec, as zdtm.py starts tests (close_fds): Go passes such
+// descriptors on to every child, and a test holding one on a file outside
+// its namespaces cannot be dumped.
+func closeInherited() {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
 }
 
 // readList reads a test list: one name a line, # comments.
@@ -287,6 +318,7 @@ type runner struct {
 	static string
 	loop   *memloop.Loop
 	guards map[string]string // test -> madvise mode other than refuse (madvise.list)
+	ns     *nsFlavor         // nil: the host flavour
 	seq    int
 }
 
@@ -347,13 +379,16 @@ func readModes(c config) (map[string]string, error) {
 // the shim guards a checkpoint (memloop's options, the guard in mode).
 func (r *runner) rewrite(ctx context.Context, img, mode string) error {
 	opts := memfile.RewriteOptions{Family: r.loop.Family, MapDir: r.loop.MapDir, FileRoot: "/"}
+	if r.ns != nil {
+		opts.MapDir, opts.FileRoot = memMount, r.ns.root
+	}
 	if mode != "off" {
 		m, err := madvguard.ParseMode(mode)
 		if err != nil {
 			return err
 		}
 		opts.Stage = func(ctx context.Context, staging string) error {
-			ranges, err := madvguard.DataRanges(staging, r.loop.MapDir, r.loop.MapDir)
+			ranges, err := madvguard.DataRanges(staging, opts.MapDir, r.loop.MapDir)
 			if err != nil {
 				return err
 			}
@@ -392,6 +427,19 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 	// waiting for ever, holding make's output: the timeout kills the whole
 	// process group, and the wait gives up on the pipe.
 	start.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	dumpArgs, restoreArgs := d.opts, d.opts
+	if r.ns != nil {
+		if err := r.ns.prepare(filepath.Join(r.static, t)); err != nil {
+			return "start", fmt.Sprintf("ns root: %v", err)
+		}
+		// As zdtm.py: make runs in the root, so that the test's working
+		// directory is under it (ns.c keeps it across pivot_root).
+		start.Args = []string{"make", "-s", "-C", "zdtm/static", t + ".pid"}
+		start.Dir = r.ns.root
+		start.Env = append(os.Environ(), r.ns.env()...)
+		dumpArgs = append(slices.Clone(d.opts), r.ns.dumpArgs()...)
+		restoreArgs = append(slices.Clone(d.opts), r.ns.restoreArgs()...)
+	}
 	start.Cancel = func() error { return syscall.Kill(-start.Process.Pid, syscall.SIGKILL) }
 	start.WaitDelay = 5 * time.Second
 	if out, err := start.CombinedOutput(); err != nil {
@@ -437,7 +485,7 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 				return "dump", fmt.Sprintf("detach the madvise supervisor: %v", err)
 			}
 		}
-		if _, err := criurun.Dump(ctx, cur, img, criurun.DumpOptions{Kill: true, ExtraArgs: d.opts}); err != nil {
+		if _, err := criurun.Dump(ctx, cur, img, criurun.DumpOptions{Kill: true, ExtraArgs: dumpArgs}); err != nil {
 			killTree(cur)
 			return "dump", logError(err)
 		}
@@ -447,7 +495,7 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 				return "rewrite", oneLine(err.Error())
 			}
 		}
-		res, err := criurun.Restore(ctx, img, criurun.RestoreOptions{WorkDir: filepath.Join(runDir, fmt.Sprintf("restore%d", round)), ExtraArgs: d.opts})
+		res, err := criurun.Restore(ctx, img, criurun.RestoreOptions{WorkDir: filepath.Join(runDir, fmt.Sprintf("restore%d", round)), ExtraArgs: restoreArgs})
 		if err != nil {
 			return "restore", logError(err)
 		}
@@ -611,7 +659,9 @@ func visible(root int, memDir string) (*state, error) {
 			ps.maps = append(ps.maps, v)
 		}
 		f.Close()
-		st.procs[p-root] = ps
+		// By pid in the tree's own pid namespace (the host's in the host
+		// flavour): a restored namespace keeps those, not the host's.
+		st.procs[nsPid(p)-nsPid(root)] = ps
 	}
 	return st, nil
 }
