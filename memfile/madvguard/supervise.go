@@ -451,7 +451,8 @@ func (t *tracer) onSeccomp(tid int, tr *tracee) {
 // reads zeros, a moved range takes no file along. The call is restarted
 // after each part, and stops again while a part is left.
 func (t *tracer) onMremap(tid int, tr *tracee, regs *unix.PtraceRegs) {
-	part, prot, ok := memoryFilePart(tr.tgid, regs.Rdi, regs.Rdi+regs.Rsi)
+	// The kernel rounds the old length up to whole pages: so does the part.
+	part, prot, ok := memoryFilePart(tr.tgid, regs.Rdi, (regs.Rdi+regs.Rsi+4095)&^4095)
 	if !ok {
 		t.resume(tid, tr, 0) // nothing of a memory file (left): the call runs
 		return
