@@ -37,7 +37,8 @@ type harness struct {
 	loop *memloop.Loop
 	bins string
 	// exposed counts verify lines where growing a region merged with its
-	// neighbour showed the neighbour's bytes (a documented limit).
+	// neighbour did not read zeros: the neighbour's bytes without the guard
+	// (a documented limit), a refused growth with it.
 	exposed int
 }
 
