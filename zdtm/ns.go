@@ -28,6 +28,7 @@ type nsFlavor struct {
 	root, dev string
 	testDir   string // the CRIU tree's test directory, bind-mounted at root
 	mem       string // the family directory on the host
+	userns    bool   // zdtm.py's uns flavour: a user namespace too
 	mounted   []string
 }
 
@@ -38,18 +39,24 @@ var nsRootDirs = []string{"/bin", "/sbin", "/etc", "/lib", "/lib64", "/dev", "/t
 
 // newNSFlavor prepares the root as zdtm.py's ns_flavor does (make_tests_root,
 // init), plus the memory-file mount.
-func newNSFlavor(work, testDir, famDir string) (*nsFlavor, error) {
+func newNSFlavor(work, testDir, famDir string, userns bool) (*nsFlavor, error) {
 	base, err := os.MkdirTemp(work, "nsroot-")
 	if err != nil {
 		return nil, err
 	}
-	f := &nsFlavor{base: base, root: filepath.Join(base, "root", "root"), dev: filepath.Join(base, "dev"), testDir: testDir, mem: famDir}
+	f := &nsFlavor{base: base, root: filepath.Join(base, "root", "root"), dev: filepath.Join(base, "dev"), testDir: testDir, mem: famDir, userns: userns}
 	fail := func(err error) (*nsFlavor, error) {
 		f.close()
 		return nil, err
 	}
 	for _, d := range []string{f.root, f.dev} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fail(err)
+		}
+	}
+	// Searchable by the test's root in a user namespace (another uid).
+	for _, d := range []string{base, filepath.Dir(f.root)} {
+		if err := os.Chmod(d, 0o755); err != nil {
 			return fail(err)
 		}
 	}
@@ -127,6 +134,14 @@ func (f *nsFlavor) close() {
 // prepare copies into the root the libraries test t's binary needs (ldd), as
 // zdtm.py does for each test.
 func (f *nsFlavor) prepare(bin string) error {
+	if f.userns {
+		// The test's root in its user namespace is another uid: it needs
+		// write access to the test directory for its .out and .pid files.
+		dir := filepath.Dir(bin)
+		if st, err := os.Stat(dir); err == nil {
+			os.Chmod(dir, st.Mode().Perm()|0o222)
+		}
+	}
 	out, err := exec.Command("ldd", bin).Output()
 	if err != nil {
 		return nil // static, or not an ELF file: nothing to copy
@@ -180,8 +195,12 @@ func (f *nsFlavor) copyOne(path string) error {
 
 // env is what zdtm.py sets for a test in the ns flavour.
 func (f *nsFlavor) env() []string {
-	return []string{"ZDTM_NEWNS=1", "ZDTM_ROOT=" + f.root, "ZDTM_DEV=" + f.dev,
+	env := []string{"ZDTM_NEWNS=1", "ZDTM_ROOT=" + f.root, "ZDTM_DEV=" + f.dev,
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	if f.userns {
+		env = append(env, "ZDTM_USERNS=1")
+	}
+	return env
 }
 
 // dumpArgs and restoreArgs are zdtm.py's CRIU options of the flavour, plus
@@ -191,7 +210,13 @@ func (f *nsFlavor) dumpArgs() []string {
 }
 
 func (f *nsFlavor) restoreArgs() []string {
-	return []string{"--root", f.root, "--external", "mnt[ZDTM_DEV]:" + f.dev, "--external", "mnt[LAZYFORK_MEM]:" + f.mem}
+	args := []string{"--root", f.root, "--external", "mnt[ZDTM_DEV]:" + f.dev, "--external", "mnt[LAZYFORK_MEM]:" + f.mem}
+	if f.userns {
+		// mount-v2 fails to mount the root from its user-namespace daemon
+		// (mount of /proc/self/fd/N: EINVAL, CRIU 4.1.1 here).
+		args = append(args, "--mntns-compat-mode")
+	}
+	return args
 }
 
 // nsPid is a process's pid in its own pid namespace (the last of NSpid).
