@@ -33,11 +33,13 @@
 // memory files from inside the user namespace, and they are 0400, owned by
 // host root and immutable once sealed, so the mapped root gets EACCES
 // ("Can't open file lazyfork-mem/....mem on restore: Permission denied").
-// Forking a user-namespaced container meets the same wall.
+// (Nothing in memfile or the shim makes memory files readable to a mapped
+// root, so a fork of a user-namespaced container would likely meet the same
+// wall; not tried here.)
 // Output: a CSV (test,plain,rewritten,fork2,detail) and a summary on stdout;
 // the exit status is 1 when a test that passes plain fails another way.
 //
-// Usage (root): go run ./zdtm [-list zdtm/ci.list] [-out FILE] [-run REGEXP] [-flavor h|ns]
+// Usage (root): go run ./zdtm [-list zdtm/ci.list] [-out FILE] [-run REGEXP] [-flavor h|ns|uns]
 package main
 
 import (
