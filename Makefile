@@ -10,6 +10,8 @@ INTEGRATION_FLAGS ?= -p 1 -count=1 -timeout 75m
 # make zdtm: the test list, and more flags of ./zdtm (-run REGEXP, -keep, -out FILE)
 ZDTM_LIST ?= zdtm/tests.list
 ZDTM_FLAGS ?=
+# zdtm.py's flavour: h (host namespaces) or ns (new pid/mount/net/ipc/uts namespaces)
+ZDTM_FLAVOR ?= h
 
 COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-memfile
 # lazyfork --version (the go env here has -buildvcs=false: no VCS stamp in the build info)
@@ -97,11 +99,11 @@ bench-allocators: ## glibc, jemalloc, mimalloc in forks: failures, memory, madvi
 bench-rewrite: ## memfile rewrite throughput vs cp, restore vs plain CRIU (go test benchmarks)
 	LAZYFORK_INTEGRATION=1 $(GO) test -run '^$$' -bench 'Rewrite|Restore' -benchtime 5x ./memfile
 
-zdtm: ## CRIU's zdtm static tests three ways (plain, rewritten, fork of a fork): CSV + summary; root (ZDTM_LIST=zdtm/ci.list: the CI subset)
-	$(GO) run ./zdtm -list $(ZDTM_LIST) $(ZDTM_FLAGS)
+zdtm: ## CRIU's zdtm static tests three ways (plain, rewritten, fork of a fork): CSV + summary; root (ZDTM_LIST=zdtm/ci.list: the CI subset; ZDTM_FLAVOR=ns: in namespaces)
+	$(GO) run ./zdtm -list $(ZDTM_LIST) -flavor $(ZDTM_FLAVOR) $(ZDTM_FLAGS)
 
 zdtm-ci: ## the CI subset of make zdtm (zdtm/ci.list, about a minute once built)
-	$(GO) run ./zdtm -list zdtm/ci.list $(ZDTM_FLAGS)
+	$(GO) run ./zdtm -list zdtm/ci.list -flavor $(ZDTM_FLAVOR) $(ZDTM_FLAGS)
 
 fidelity: ## real-CRIU fidelity tests of the memfile rewrite on plain process trees (root)
 	LAZYFORK_INTEGRATION=1 $(GO) test -count=1 -timeout 30m ./fidelity/

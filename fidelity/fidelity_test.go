@@ -57,7 +57,7 @@ func forkTen(t *testing.T, kind workloads.Kind, heapMiB int) {
 	w := h.mark(gcs[0])
 	h.verifyAll([]*proc{gcs[0], gcs[1], cs[0], cs[1], parent}, []uint64{w, v, v, 0, 0})
 	if h.exposed > 0 {
-		t.Logf("documented limit: in %d checks, growing a region the kernel had merged with a small neighbour showed the neighbour's bytes", h.exposed)
+		t.Logf("documented limit of unguarded copies: in %d checks, growing a region the kernel had merged with a small neighbour showed the neighbour's bytes (the madvise guard refuses that growth: TestMremapInCopies)", h.exposed)
 	}
 }
 

@@ -16,9 +16,11 @@ import (
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/internal/workloads"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
 func TestMain(m *testing.M) {
+	madvguard.MaybeServe() // zero-mode supervisors are this binary re-executed
 	// Detached copies are re-parented to the test binary, which reaps them.
 	if os.Geteuid() == 0 {
 		if err := criurun.BecomeSubreaper(); err != nil {
@@ -37,7 +39,8 @@ type harness struct {
 	loop *memloop.Loop
 	bins string
 	// exposed counts verify lines where growing a region merged with its
-	// neighbour showed the neighbour's bytes (a documented limit).
+	// neighbour did not read zeros: the neighbour's bytes without the guard
+	// (a documented limit), a refused growth with it.
 	exposed int
 }
 

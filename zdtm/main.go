@@ -5,6 +5,9 @@
 //	plain      CRIU dump, restore (the control)
 //	rewritten  CRIU dump, LazyFork rewrite (memfile, with the madvise guard the
 //	           shim adds by default), restore
+//	           (a test listed in madvise.list runs with the guard mode a user
+//	           of such a program would choose, lazyfork.io/madvise; in zero
+//	           mode a supervisor traces each restored copy, as the shim's does)
 //	fork2      as rewritten, then the restored copy is dumped, rewritten and
 //	           restored again (a fork of a fork)
 //
@@ -16,15 +19,27 @@
 // protection merged; a mapping of a memory file stands for the anonymous
 // memory it replaced).
 //
-// Tests run in zdtm.py's host flavour ('h'): the test daemon lives in the
-// host's namespaces and its dump is restored in place once it is gone. So a
-// test can change the host: tests.list leaves out those that do (cgroup
-// hierarchies, firewall rules, security policies); zdtm.py's namespace
-// flavours are not run.
+// Tests run in zdtm.py's host flavour ('h') by default: the test daemon
+// lives in the host's namespaces and its dump is restored in place once it
+// is gone. So a test can change the host: tests.list leaves out those that
+// do (cgroup hierarchies, firewall rules, security policies). -flavor ns
+// runs zdtm.py's namespace flavour instead (see nsFlavor): new pid, mount,
+// network, ipc and uts namespaces under a root of its own, with the family
+// directory mounted in it (as the shim mounts it in a container).
+// -flavor uns adds a user namespace (root mapped to host uid 20000, as
+// zdtm's lib/ns.c maps it) and restores with --mntns-compat-mode (CRIU
+// 4.1.1's mount-v2 fails here to mount the root from its user-namespace
+// daemon: EINVAL). Plain passes; a rewritten copy cannot: CRIU opens its
+// memory files from inside the user namespace, and they are 0400, owned by
+// host root and immutable once sealed, so the mapped root gets EACCES
+// ("Can't open file lazyfork-mem/....mem on restore: Permission denied").
+// (Nothing in memfile or the shim makes memory files readable to a mapped
+// root, so a fork of a user-namespaced container would likely meet the same
+// wall; not tried here.)
 // Output: a CSV (test,plain,rewritten,fork2,detail) and a summary on stdout;
 // the exit status is 1 when a test that passes plain fails another way.
 //
-// Usage (root): go run ./zdtm [-list zdtm/ci.list] [-out FILE] [-run REGEXP]
+// Usage (root): go run ./zdtm [-list zdtm/ci.list] [-out FILE] [-run REGEXP] [-flavor h|ns|uns]
 package main
 
 import (
@@ -40,6 +55,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -52,6 +68,8 @@ import (
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
 	"github.com/lazyfork/lazyfork/internal/procfs"
+	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
 
 var modes = []string{"plain", "rewritten", "fork2"}
@@ -61,14 +79,18 @@ var current atomic.Int64
 
 type config struct {
 	src, work, list, out string
-	known                string
+	known, madviseList   string
 	run                  *regexp.Regexp
 	guard                bool
+	madvise              string // "": per test (madvise.list, else refuse)
+	flavor               string // "h" (host) or "ns"
 	timeout              time.Duration
 	keep                 bool
 }
 
 func main() {
+	// The zero-mode supervisor is this program re-executed.
+	madvguard.MaybeServe()
 	var c config
 	var run string
 	flag.StringVar(&c.src, "src", "/var/cache/lazyfork/criu/criu-4.1.1", "CRIU source tree (make deps fetches it)")
@@ -77,7 +99,10 @@ func main() {
 	flag.StringVar(&c.known, "known", "zdtm/known.list", "known differences from plain CRIU: TEST REASON a line; reported, not counted as failures")
 	flag.StringVar(&c.out, "out", "", "CSV of the results (default WORK/results.csv)")
 	flag.StringVar(&run, "run", "", "only the tests of the list matching this regular expression")
-	flag.BoolVar(&c.guard, "guard", true, "add the madvise guard (refuse mode) to rewritten snapshots, as the shim does by default")
+	flag.BoolVar(&c.guard, "guard", true, "add the madvise guard to rewritten snapshots, as the shim does by default (false: -madvise off)")
+	flag.StringVar(&c.madviseList, "madvise-list", "zdtm/madvise.list", "tests run with another guard mode: TEST MODE REASON a line")
+	flag.StringVar(&c.madvise, "madvise", "", "guard mode of every test: refuse, zero or off (default: refuse, or the test's line in -madvise-list)")
+	flag.StringVar(&c.flavor, "flavor", "h", "zdtm.py flavour: h (the host's namespaces), ns (new pid, mount, net, ipc, uts namespaces) or uns (ns and a user namespace)")
 	flag.DurationVar(&c.timeout, "timeout", 2*time.Minute, "bound of one test run (one way)")
 	flag.BoolVar(&c.keep, "keep", false, "keep each run's images and CRIU logs under WORK/runs")
 	flag.Parse()
@@ -106,6 +131,7 @@ func mainErr(c config) (int, error) {
 	if err := criurun.BecomeSubreaper(); err != nil {
 		return 0, err
 	}
+	closeInherited()
 	// Interrupted: the running test's tree goes too.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM)
@@ -126,8 +152,24 @@ func mainErr(c config) (int, error) {
 		return 0, err
 	}
 	defer loop.Close()
-	loop.Guard = c.guard
-	r := &runner{c: c, static: static, loop: loop}
+	// The runner adds the guard itself, in each test's mode.
+	loop.Guard = false
+	guards, err := readModes(c)
+	if err != nil {
+		return 0, err
+	}
+	r := &runner{c: c, static: static, loop: loop, guards: guards}
+	switch c.flavor {
+	case "h":
+	case "ns", "uns":
+		testDir := filepath.Dir(filepath.Dir(static))
+		if r.ns, err = newNSFlavor(c.work, testDir, loop.MapDir, c.flavor == "uns"); err != nil {
+			return 0, fmt.Errorf("ns flavour: %w", err)
+		}
+		defer r.ns.close()
+	default:
+		return 0, fmt.Errorf("-flavor %q: want h, ns or uns", c.flavor)
+	}
 
 	f, err := os.Create(c.out)
 	if err != nil {
@@ -145,8 +187,13 @@ func mainErr(c config) (int, error) {
 				row = append(row, "build-failed")
 			}
 			details = append(details, "did not build")
+		} else if d, err := readDesc(filepath.Join(static, t+".desc")); err == nil && !slices.Contains(d.flavors, c.flavor) {
+			// As zdtm.py: a test names the flavours it runs in.
+			for range modes {
+				row = append(row, "not-run")
+			}
+			details = append(details, fmt.Sprintf("flavours %s only", strings.Join(d.flavors, " ")))
 		} else {
-			d, err := readDesc(filepath.Join(static, t+".desc"))
 			for _, m := range modes {
 				res, detail := "error", ""
 				if err != nil {
@@ -160,6 +207,9 @@ func mainErr(c config) (int, error) {
 				}
 			}
 		}
+		if g := r.madvise(t); g != "refuse" {
+			details = append(details, "madvise="+g)
+		}
 		row = append(row, strings.Join(details, "; "))
 		rows = append(rows, row)
 		w.Write(row)
@@ -171,6 +221,19 @@ func mainErr(c config) (int, error) {
 		return 0, err
 	}
 	return summary(rows, known, c.out), w.Error()
+}
+
+// closeInherited marks every descriptor this process inherited beyond
+// stdio close-on-exec, as zdtm.py starts tests (close_fds): Go passes such
+// descriptors on to every child, and a test holding one on a file outside
+// its namespaces cannot be dumped.
+func closeInherited() {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
 }
 
 // readList reads a test list: one name a line, # comments.
@@ -241,12 +304,15 @@ func build(c config, tests []string) (string, map[string]bool, error) {
 type desc struct {
 	opts  []string // extra CRIU options, dump and restore
 	flags string
+	// flavors are zdtm.py's flavours the test runs in ('flavor', default
+	// all three).
+	flavors []string
 }
 
 var descField = regexp.MustCompile(`'(\w+)'\s*:\s*'([^']*)'`)
 
 func readDesc(path string) (desc, error) {
-	var d desc
+	d := desc{flavors: []string{"h", "ns", "uns"}}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return d, nil
@@ -260,6 +326,8 @@ func readDesc(path string) (desc, error) {
 			d.opts = strings.Fields(m[2])
 		case "flags":
 			d.flags = m[2]
+		case "flavor":
+			d.flavors = strings.Fields(m[2])
 		}
 	}
 	return d, nil
@@ -269,7 +337,86 @@ type runner struct {
 	c      config
 	static string
 	loop   *memloop.Loop
+	guards map[string]string // test -> madvise mode other than refuse (madvise.list)
+	ns     *nsFlavor         // nil: the host flavour
 	seq    int
+}
+
+// madvise is the guard mode test t runs with: "refuse", "zero" or "off".
+func (r *runner) madvise(t string) string {
+	switch {
+	case !r.c.guard:
+		return "off"
+	case r.c.madvise != "":
+		return r.c.madvise
+	case r.guards[t] != "":
+		return r.guards[t]
+	}
+	return "refuse"
+}
+
+// readModes reads the tests that run in another guard mode: "TEST MODE
+// REASON" a line (-madvise-list), and checks -madvise.
+func readModes(c config) (map[string]string, error) {
+	check := func(m string) error {
+		if m == "off" {
+			return nil
+		}
+		_, err := madvguard.ParseMode(m)
+		return err
+	}
+	if c.madvise != "" {
+		if err := check(c.madvise); err != nil {
+			return nil, err
+		}
+	}
+	modes := map[string]string{}
+	b, err := os.ReadFile(c.madviseList)
+	if errors.Is(err, os.ErrNotExist) {
+		return modes, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || l[0] == '#' {
+			continue
+		}
+		f := strings.Fields(l)
+		if len(f) < 3 {
+			return nil, fmt.Errorf("%s:%d: want TEST MODE REASON", c.madviseList, i+1)
+		}
+		if err := check(f[1]); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", c.madviseList, i+1, err)
+		}
+		modes[f[0]] = f[1]
+	}
+	return modes, nil
+}
+
+// rewrite turns a dump into a snapshot of the loop's family, guarded as
+// the shim guards a checkpoint (memloop's options, the guard in mode).
+func (r *runner) rewrite(ctx context.Context, img, mode string) error {
+	opts := memfile.RewriteOptions{Family: r.loop.Family, MapDir: r.loop.MapDir, FileRoot: "/"}
+	if r.ns != nil {
+		opts.MapDir, opts.FileRoot = memMount, r.ns.root
+	}
+	if mode != "off" {
+		m, err := madvguard.ParseMode(mode)
+		if err != nil {
+			return err
+		}
+		opts.Stage = func(ctx context.Context, staging string) error {
+			ranges, err := madvguard.DataRanges(staging, opts.MapDir, r.loop.MapDir)
+			if err != nil {
+				return err
+			}
+			return madvguard.ApplyMode(staging, ranges, m)
+		}
+	}
+	_, err := r.loop.Store.Rewrite(ctx, img, opts)
+	return err
 }
 
 // runOne runs test t one way from a fresh start; it returns PASS, FAIL, or
@@ -300,6 +447,19 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 	// waiting for ever, holding make's output: the timeout kills the whole
 	// process group, and the wait gives up on the pipe.
 	start.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	dumpArgs, restoreArgs := d.opts, d.opts
+	if r.ns != nil {
+		if err := r.ns.prepare(filepath.Join(r.static, t)); err != nil {
+			return "start", fmt.Sprintf("ns root: %v", err)
+		}
+		// As zdtm.py: make runs in the root, so that the test's working
+		// directory is under it (ns.c keeps it across pivot_root).
+		start.Args = []string{"make", "-s", "-C", "zdtm/static", t + ".pid"}
+		start.Dir = r.ns.root
+		start.Env = append(os.Environ(), r.ns.env()...)
+		dumpArgs = append(slices.Clone(d.opts), r.ns.dumpArgs()...)
+		restoreArgs = append(slices.Clone(d.opts), r.ns.restoreArgs()...)
+	}
 	start.Cancel = func() error { return syscall.Kill(-start.Process.Pid, syscall.SIGKILL) }
 	start.WaitDelay = 5 * time.Second
 	if out, err := start.CombinedOutput(); err != nil {
@@ -320,29 +480,58 @@ func (r *runner) runOne(t, mode string, d desc) (string, string) {
 		return "start", err.Error()
 	}
 	cur := pid
+	guard := "off"
+	if mode != "plain" {
+		guard = r.madvise(t)
+	}
+	// In zero mode a supervisor traces each restored copy (as the shim's
+	// does) and lets go before its dump.
+	var sup *madvguard.Remote
+	defer func() {
+		if sup != nil {
+			sup.Close()
+		}
+	}()
 	rounds := 1
 	if mode == "fork2" {
 		rounds = 2
 	}
 	for round := 1; round <= rounds; round++ {
 		img := filepath.Join(runDir, fmt.Sprintf("img%d", round))
-		if _, err := criurun.Dump(ctx, cur, img, criurun.DumpOptions{Kill: true, ExtraArgs: d.opts}); err != nil {
+		if sup != nil {
+			err := sup.Close()
+			sup = nil
+			if err != nil {
+				return "dump", fmt.Sprintf("detach the madvise supervisor: %v", err)
+			}
+		}
+		if _, err := criurun.Dump(ctx, cur, img, criurun.DumpOptions{Kill: true, ExtraArgs: dumpArgs}); err != nil {
 			killTree(cur)
 			return "dump", logError(err)
 		}
 		reapOrphans()
 		if mode != "plain" {
-			if _, err := r.loop.Rewrite(ctx, img); err != nil {
+			if err := r.rewrite(ctx, img, guard); err != nil {
 				return "rewrite", oneLine(err.Error())
 			}
 		}
-		res, err := criurun.Restore(ctx, img, criurun.RestoreOptions{WorkDir: filepath.Join(runDir, fmt.Sprintf("restore%d", round)), ExtraArgs: d.opts})
+		if r.ns != nil && r.ns.userns {
+			// As zdtm.py: CRIU reads the images from inside the user
+			// namespace too.
+			os.Chmod(img, 0o777)
+		}
+		res, err := criurun.Restore(ctx, img, criurun.RestoreOptions{WorkDir: filepath.Join(runDir, fmt.Sprintf("restore%d", round)), ExtraArgs: restoreArgs})
 		if err != nil {
 			return "restore", logError(err)
 		}
 		cur = res.PID
 		current.Store(int64(cur))
 		defer killTree(cur)
+		if guard == "zero" {
+			if sup, err = madvguard.SpawnSupervisor(cur); err != nil {
+				return "restore", fmt.Sprintf("madvise supervisor: %v", err)
+			}
+		}
 	}
 	after, err := visible(cur, r.loop.MapDir)
 	if err != nil {
@@ -485,7 +674,9 @@ func visible(root int, memDir string) (*state, error) {
 			ps.maps = append(ps.maps, v)
 		}
 		f.Close()
-		st.procs[p-root] = ps
+		// By pid in the tree's own pid namespace (the host's in the host
+		// flavour): a restored namespace keeps those, not the host's.
+		st.procs[nsPid(p)-nsPid(root)] = ps
 	}
 	return st, nil
 }
@@ -570,7 +761,7 @@ func summary(rows [][]string, known map[string]string, out string) int {
 	var regress, knownDiff []string
 	ran := 0
 	for _, row := range rows {
-		if row[1] == "build-failed" {
+		if row[1] == "build-failed" || row[1] == "not-run" {
 			continue
 		}
 		ran++

@@ -121,8 +121,3 @@ func Kill(pid int) error {
 	}
 	return fmt.Errorf("kill %d: still there after 10 s", pid)
 }
-
-// Tree is procfs.Tree.
-//
-// Deprecated: use procfs.Tree (kept until memfile/madvguard's tests switch).
-func Tree(pid int) ([]int, error) { return procfs.Tree(pid) }

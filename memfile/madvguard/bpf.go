@@ -27,8 +27,17 @@ var guardedAdvice = []uint32{unix.MADV_DONTNEED, unix.MADV_FREE, unix.MADV_DONTN
 
 // magic is the K of the guard's first instruction (a load of an immediate
 // that the next instruction overwrites): it names the filter as ours, so a
-// copy of a copy replaces it instead of stacking a second one.
-const magic = 0x4c464d47 // "LFMG"
+// copy of a copy replaces it instead of stacking a second one. magicV1
+// marks the first layout (madvise only, range blocks at headerV1); a
+// magic guard's second instruction loads the index of its first range
+// block.
+const (
+	magic   = 0x4c464d32 // "LFM2": madvise and mremap
+	magicV1 = 0x4c464d47 // "LFMG": madvise only
+)
+
+// mremapMoves are the mremap flags that move a mapping whatever the sizes.
+const mremapMoves = unix.MREMAP_FIXED | unix.MREMAP_DONTUNMAP
 
 // seccomp_data offsets (little endian x86-64).
 const (
@@ -38,7 +47,9 @@ const (
 	offArg0Hi = 20
 	offArg1Lo = 24 // len
 	offArg1Hi = 28
-	offArg2Lo = 32 // advice (an int: the low word is all the kernel reads)
+	offArg2Lo = 32 // madvise: advice (an int: the low word is all the kernel reads); mremap: new_len
+	offArg2Hi = 36
+	offArg3Lo = 40 // mremap: flags (an int)
 )
 
 // Scratch memory slots.
@@ -144,6 +155,7 @@ type asm struct {
 type fixup struct {
 	at     int
 	jt, jf string
+	k      string // an unconditional jump's target
 }
 
 func (a *asm) op(code uint16, k uint32) {
@@ -154,6 +166,12 @@ func (a *asm) op(code uint16, k uint32) {
 func (a *asm) jmp(code uint16, k uint32, jt, jf string) {
 	a.fix = append(a.fix, fixup{at: len(a.ins), jt: jt, jf: jf})
 	a.op(code, k)
+}
+
+// jump emits an unconditional jump to a label.
+func (a *asm) jump(to string) {
+	a.fix = append(a.fix, fixup{at: len(a.ins), k: to})
+	a.op(ja, 0)
 }
 
 func (a *asm) label(name string) {
@@ -168,6 +186,14 @@ func (a *asm) assemble() ([]unix.SockFilter, error) {
 		return nil, a.err
 	}
 	for _, f := range a.fix {
+		if f.k != "" {
+			to, ok := a.labels[f.k]
+			if !ok || to <= f.at {
+				return nil, fmt.Errorf("bpf: bad jump to %q", f.k)
+			}
+			a.ins[f.at].K = uint32(to - f.at - 1)
+			continue
+		}
 		for i, l := range []string{f.jt, f.jf} {
 			if l == "" {
 				continue
@@ -194,24 +220,40 @@ func (a *asm) assemble() ([]unix.SockFilter, error) {
 }
 
 const (
-	ldAbs  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
-	ldImm  = unix.BPF_LD | unix.BPF_W | unix.BPF_IMM
-	ldMem  = unix.BPF_LD | unix.BPF_W | unix.BPF_MEM
-	st     = unix.BPF_ST
-	tax    = unix.BPF_MISC | unix.BPF_TAX
-	addX   = unix.BPF_ALU | unix.BPF_ADD | unix.BPF_X
-	jeqK   = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
-	jgtK   = unix.BPF_JMP | unix.BPF_JGT | unix.BPF_K
-	jgeK   = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K
-	jgeX   = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_X
-	ja     = unix.BPF_JMP | unix.BPF_JA
-	retK   = unix.BPF_RET | unix.BPF_K
-	header = 33 // instructions before the first range block
-	block  = 12 // instructions per range block
+	ldAbs    = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
+	ldImm    = unix.BPF_LD | unix.BPF_W | unix.BPF_IMM
+	ldMem    = unix.BPF_LD | unix.BPF_W | unix.BPF_MEM
+	st       = unix.BPF_ST
+	tax      = unix.BPF_MISC | unix.BPF_TAX
+	addX     = unix.BPF_ALU | unix.BPF_ADD | unix.BPF_X
+	jeqK     = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+	jgtK     = unix.BPF_JMP | unix.BPF_JGT | unix.BPF_K
+	jgeK     = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K
+	jgeX     = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_X
+	jgtX     = unix.BPF_JMP | unix.BPF_JGT | unix.BPF_X
+	jeqX     = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_X
+	jsetK    = unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K
+	ja       = unix.BPF_JMP | unix.BPF_JA
+	retK     = unix.BPF_RET | unix.BPF_K
+	headerV1 = 33 // instructions before the first range block (magicV1)
+	block    = 12 // instructions per range block
 )
 
 // Program builds the guard for one process's ranges (compacted here). An
 // empty list gives a filter that allows everything.
+//
+// It stops two calls whose range [addr, end) intersects a guarded range:
+//   - madvise(addr, len, advice) with a purging advice: [addr, addr+len);
+//   - mremap(addr, old, new, flags): a copy's memory at these addresses is
+//     a mapping of a memory file whose offsets run on past each part, so a
+//     growth maps the file's bytes at the offsets after the old range
+//     (another part's data, where anonymous memory reads zeros), and a moved
+//     part leaves the guarded addresses. In Refuse mode: a move by flag
+//     (MREMAP_FIXED, MREMAP_DONTUNMAP) on [addr, addr+max(old, new)), a
+//     growth on [addr+old, addr+new). In Zero mode, any growth or move on
+//     [addr, addr+max(old, new)): the supervisor turns the memory-file part
+//     of the old range into anonymous memory first (same bytes), then lets
+//     the call run. A shrink in place is never stopped.
 func Program(ranges []Range, mode Mode) ([]unix.SockFilter, error) {
 	ret := uint32(retBlock)
 	switch mode {
@@ -224,48 +266,60 @@ func Program(ranges []Range, mode Mode) ([]unix.SockFilter, error) {
 	rs := Compact(ranges)
 	a := &asm{labels: map[string]int{}}
 	a.op(ldImm, magic)
+	a.op(ldImm, 0) // index of the first range block, set below
 	a.op(ldAbs, offArch)
 	a.jmp(jeqK, unix.AUDIT_ARCH_X86_64, "", "allow")
 	a.op(ldAbs, offNr)
-	a.jmp(jeqK, unix.SYS_MADVISE, "", "allow")
+	a.jmp(jeqK, unix.SYS_MADVISE, "madvise", "")
+	a.jmp(jeqK, unix.SYS_MREMAP, "mremap", "allow")
+
+	a.label("madvise")
 	a.op(ldAbs, offArg2Lo)
 	a.jmp(jeqK, guardedAdvice[0], "adv", "")
 	a.jmp(jeqK, guardedAdvice[1], "adv", "")
 	a.jmp(jeqK, guardedAdvice[2], "adv", "allow")
-	a.label("allow")
-	a.op(retK, retAllow)
 	a.label("adv")
 	// len == 0 is a successful no-op for the kernel: let it through.
 	a.op(ldAbs, offArg1Lo)
-	a.jmp(jeqK, 0, "", "nonzero")
+	a.jmp(jeqK, 0, "", "old")
 	a.op(ldAbs, offArg1Hi)
-	a.jmp(jeqK, 0, "lenzero", "nonzero")
-	a.label("lenzero")
-	a.op(retK, retAllow)
-	a.label("nonzero")
-	// end = addr + len, as two 32-bit words with carry.
-	a.op(ldAbs, offArg0Lo)
-	a.op(st, mAddrLo)
+	a.jmp(jeqK, 0, "allow", "old")
+
+	a.label("mremap")
+	// new > old (64-bit)?
+	a.op(ldAbs, offArg1Hi)
 	a.op(tax, 0)
+	a.op(ldAbs, offArg2Hi)
+	a.jmp(jgtX, 0, "grow", "")
+	a.jmp(jeqX, 0, "", "nogrow")
 	a.op(ldAbs, offArg1Lo)
-	a.op(addX, 0)
-	a.op(st, mEndLo)
-	a.jmp(jgeX, 0, "nocarry", "")
-	a.op(ldImm, 1)
-	a.op(ja, 1)
-	a.label("nocarry")
-	a.op(ldImm, 0)
-	a.op(tax, 0) // X = carry
-	a.op(ldAbs, offArg1Hi)
-	a.op(addX, 0)
-	a.op(tax, 0) // X = len_hi + carry
-	a.op(ldAbs, offArg0Hi)
-	a.op(st, mAddrHi)
-	a.op(addX, 0)
-	a.op(st, mEndHi)
-	if len(a.ins) != header {
-		return nil, fmt.Errorf("bpf: header is %d instructions, want %d", len(a.ins), header)
+	a.op(tax, 0)
+	a.op(ldAbs, offArg2Lo)
+	a.jmp(jgtX, 0, "grow", "nogrow")
+	a.label("nogrow")
+	a.op(ldAbs, offArg3Lo)
+	a.jmp(jsetK, mremapMoves, "old", "allow")
+	a.label("grow")
+	if mode == Refuse {
+		a.op(ldAbs, offArg3Lo)
+		a.jmp(jsetK, mremapMoves, "new", "")
+		// [addr+old, addr+new)
+		a.sum(offArg0Lo, offArg0Hi, offArg1Lo, offArg1Hi, mAddrLo, mAddrHi)
+		a.sum(offArg0Lo, offArg0Hi, offArg2Lo, offArg2Hi, mEndLo, mEndHi)
+		a.jump("r0")
 	}
+	a.label("new") // [addr, addr+new)
+	a.arg(offArg0Lo, offArg0Hi, mAddrLo, mAddrHi)
+	a.sum(offArg0Lo, offArg0Hi, offArg2Lo, offArg2Hi, mEndLo, mEndHi)
+	a.jump("r0")
+	// Classic BPF jumps forward only, and the kernel's check of the scratch
+	// slots takes a ret's successor for reachable from it: the slots are
+	// written on the way into the range blocks, after this ret.
+	a.label("allow")
+	a.op(retK, retAllow)
+	a.label("old") // [addr, addr+len) of madvise, [addr, addr+old) of mremap
+	a.arg(offArg0Lo, offArg0Hi, mAddrLo, mAddrHi)
+	a.sum(offArg0Lo, offArg0Hi, offArg1Lo, offArg1Hi, mEndLo, mEndHi)
 	// Ranges ascend: once end <= start of a range, no later range can match.
 	for i, r := range rs {
 		next := fmt.Sprintf("r%d", i+1)
@@ -291,7 +345,44 @@ func Program(ranges []Range, mode Mode) ([]unix.SockFilter, error) {
 	}
 	a.label(fmt.Sprintf("r%d", len(rs)))
 	a.op(retK, retAllow)
-	return a.assemble()
+	prog, err := a.assemble()
+	if err != nil {
+		return nil, err
+	}
+	prog[1].K = uint32(a.labels["r0"])
+	return prog, nil
+}
+
+// arg stores a 64-bit argument in two scratch slots.
+func (a *asm) arg(lo, hi uint32, mLo, mHi uint32) {
+	a.op(ldAbs, lo)
+	a.op(st, mLo)
+	a.op(ldAbs, hi)
+	a.op(st, mHi)
+}
+
+// sum stores the 64-bit sum of two arguments in two scratch slots (the
+// carry out of the high word is lost, as the kernel's own range check
+// would refuse such a range).
+func (a *asm) sum(aLo, aHi, bLo, bHi uint32, mLo, mHi uint32) {
+	nc := fmt.Sprintf("nocarry%d", len(a.ins))
+	a.op(ldAbs, aLo)
+	a.op(tax, 0)
+	a.op(ldAbs, bLo)
+	a.op(addX, 0)
+	a.op(st, mLo)
+	a.jmp(jgeX, 0, nc, "") // sum >= a: no carry
+	a.op(ldImm, 1)
+	a.op(ja, 1)
+	a.label(nc)
+	a.op(ldImm, 0)
+	a.op(tax, 0) // X = carry
+	a.op(ldAbs, bHi)
+	a.op(addX, 0)
+	a.op(tax, 0) // X = b_hi + carry
+	a.op(ldAbs, aHi)
+	a.op(addX, 0)
+	a.op(st, mHi)
 }
 
 // encode gives the bytes CRIU stores in seccomp.img (struct sock_filter).
@@ -317,9 +408,13 @@ func decode(b []byte) ([]unix.SockFilter, error) {
 	return prog, nil
 }
 
-// isGuard reports whether a stored filter is one of ours.
+// isGuard reports whether a stored filter is one of ours (either layout).
 func isGuard(b []byte) bool {
-	return len(b) >= 8 && binary.LittleEndian.Uint16(b) == ldImm && binary.LittleEndian.Uint32(b[4:]) == magic
+	if len(b) < 8 || binary.LittleEndian.Uint16(b) != ldImm {
+		return false
+	}
+	m := binary.LittleEndian.Uint32(b[4:])
+	return m == magic || m == magicV1
 }
 
 // guardRanges reads the ranges and the mode back out of one of our filters.
@@ -327,6 +422,13 @@ func guardRanges(b []byte) ([]Range, Mode, error) {
 	prog, err := decode(b)
 	if err != nil {
 		return nil, 0, err
+	}
+	header := headerV1
+	if prog[0].K == magic {
+		if len(prog) < 2 {
+			return nil, 0, fmt.Errorf("guard filter of %d instructions has an unknown layout", len(prog))
+		}
+		header = int(prog[1].K)
 	}
 	if len(prog) < header+1 || (len(prog)-header-1)%block != 0 {
 		return nil, 0, fmt.Errorf("guard filter of %d instructions has an unknown layout", len(prog))

@@ -22,7 +22,15 @@ const childEnv = "MADVGUARD_TEST_CHILD"
 type call struct {
 	Addr, Len uint64
 	Advice    int
+	// An mremap(Addr, Len, NewLen, Flags, NewAddr) when NewLen > 0. The
+	// child maps its playground afresh before each, and unmaps where the
+	// call moved or copied the mapping to after it.
+	NewLen, NewAddr uint64
+	Flags           int
 }
+
+// target is where the mremap calls with MREMAP_FIXED move to.
+const target = 0x7f0000000000
 
 type childReq struct {
 	Ranges []Range
@@ -67,7 +75,23 @@ func child() int {
 	}
 	res := make([]string, len(req.Calls))
 	for i, c := range req.Calls {
-		_, _, e := unix.Syscall(unix.SYS_MADVISE, uintptr(c.Addr), uintptr(c.Len), uintptr(c.Advice))
+		var e unix.Errno
+		if c.NewLen == 0 {
+			_, _, e = unix.Syscall(unix.SYS_MADVISE, uintptr(c.Addr), uintptr(c.Len), uintptr(c.Advice))
+		} else {
+			for _, m := range mappings {
+				if _, _, e := unix.Syscall6(unix.SYS_MMAP, uintptr(m.Start), uintptr(m.End-m.Start),
+					unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED, ^uintptr(0), 0); e != 0 {
+					fmt.Fprintln(os.Stderr, "mmap:", e)
+					return 2
+				}
+			}
+			var r uintptr
+			r, _, e = unix.Syscall6(unix.SYS_MREMAP, uintptr(c.Addr), uintptr(c.Len), uintptr(c.NewLen), uintptr(c.Flags), uintptr(c.NewAddr), 0)
+			if e == 0 && r != uintptr(c.Addr) {
+				unix.Syscall(unix.SYS_MUNMAP, r, uintptr(c.NewLen), 0)
+			}
+		}
 		res[i] = "ok"
 		if e != 0 {
 			res[i] = e.Error()
@@ -128,26 +152,50 @@ func testFilterInKernel(t *testing.T, mode Mode, einval string) {
 		want string
 	}
 	cases := []tc{
-		{"before", call{b, p, unix.MADV_DONTNEED}, "ok"},
-		{"ends at start", call{b + 2<<20 - p, p, unix.MADV_DONTNEED}, "ok"},
-		{"crosses start", call{b + 2<<20 - p, 2 * p, unix.MADV_DONTNEED}, einval},
-		{"first page", call{b + 2<<20, p, unix.MADV_DONTNEED}, einval},
-		{"free inside", call{b + 3<<20, p, unix.MADV_FREE}, einval},
-		{"dontneed_locked inside", call{b + 3<<20, p, unix.MADV_DONTNEED_LOCKED}, einval},
-		{"willneed inside", call{b + 3<<20, p, unix.MADV_WILLNEED}, "ok"},
-		{"cold inside", call{b + 3<<20, p, unix.MADV_COLD}, "ok"},
-		{"last page", call{b + 4<<20 - p, p, unix.MADV_DONTNEED}, einval},
-		{"at end", call{b + 4<<20, p, unix.MADV_DONTNEED}, "ok"},
-		{"gap", call{b + 4<<20, 4 << 20, unix.MADV_DONTNEED}, "ok"},
-		{"gap into second", call{b + 4<<20, 4<<20 + p, unix.MADV_DONTNEED}, einval},
-		{"covers all", call{b, 16 << 20, unix.MADV_DONTNEED}, einval},
-		{"after", call{b + 9<<20, 7 << 20, unix.MADV_DONTNEED}, "ok"},
-		{"zero length inside", call{b + 3<<20, 0, unix.MADV_DONTNEED}, "ok"},
-		{"carry: crosses 4G start", call{c, 0x100000, unix.MADV_DONTNEED}, einval},
-		{"carry: below", call{c, 0x80000, unix.MADV_DONTNEED}, "ok"},
-		{"carry: above", call{0x300080000, 0x80000, unix.MADV_DONTNEED}, "ok"},
-		{"carry: high half inside", call{0x300000000, p, unix.MADV_DONTNEED}, einval},
+		{"before", mad(b, p, unix.MADV_DONTNEED), "ok"},
+		{"ends at start", mad(b+2<<20-p, p, unix.MADV_DONTNEED), "ok"},
+		{"crosses start", mad(b+2<<20-p, 2*p, unix.MADV_DONTNEED), einval},
+		{"first page", mad(b+2<<20, p, unix.MADV_DONTNEED), einval},
+		{"free inside", mad(b+3<<20, p, unix.MADV_FREE), einval},
+		{"dontneed_locked inside", mad(b+3<<20, p, unix.MADV_DONTNEED_LOCKED), einval},
+		{"willneed inside", mad(b+3<<20, p, unix.MADV_WILLNEED), "ok"},
+		{"cold inside", mad(b+3<<20, p, unix.MADV_COLD), "ok"},
+		{"last page", mad(b+4<<20-p, p, unix.MADV_DONTNEED), einval},
+		{"at end", mad(b+4<<20, p, unix.MADV_DONTNEED), "ok"},
+		{"gap", mad(b+4<<20, 4<<20, unix.MADV_DONTNEED), "ok"},
+		{"gap into second", mad(b+4<<20, 4<<20+p, unix.MADV_DONTNEED), einval},
+		{"covers all", mad(b, 16<<20, unix.MADV_DONTNEED), einval},
+		{"after", mad(b+9<<20, 7<<20, unix.MADV_DONTNEED), "ok"},
+		{"zero length inside", mad(b+3<<20, 0, unix.MADV_DONTNEED), "ok"},
+		{"carry: crosses 4G start", mad(c, 0x100000, unix.MADV_DONTNEED), einval},
+		{"carry: below", mad(c, 0x80000, unix.MADV_DONTNEED), "ok"},
+		{"carry: above", mad(0x300080000, 0x80000, unix.MADV_DONTNEED), "ok"},
+		{"carry: high half inside", mad(0x300000000, p, unix.MADV_DONTNEED), einval},
 	}
+	// mremap: a growth maps the file's bytes after the old range, a move
+	// takes memory out of the guarded addresses (see Program).
+	const mm, fixed, dontunmap = unix.MREMAP_MAYMOVE, unix.MREMAP_MAYMOVE | unix.MREMAP_FIXED, unix.MREMAP_MAYMOVE | unix.MREMAP_DONTUNMAP
+	both := func(refuse, zero string) string {
+		if mode == Refuse {
+			return refuse
+		}
+		return zero
+	}
+	mcases := []tc{
+		{"mremap: shrink inside", call{Addr: b + 2<<20, Len: 2 * p, NewLen: p}, "ok"},
+		{"mremap: shrink inside, may move", call{Addr: b + 2<<20, Len: 2 * p, NewLen: p, Flags: mm}, "ok"},
+		{"mremap: grow outside", call{Addr: b, Len: p, NewLen: 2 * p, Flags: mm}, "ok"},
+		{"mremap: grow into a range", call{Addr: b + 2<<20 - p, Len: p, NewLen: 2 * p, Flags: mm}, einval},
+		{"mremap: grow a range's last page", call{Addr: b + 4<<20 - p, Len: p, NewLen: 2 * p, Flags: mm}, both("ok", einval)},
+		{"mremap: grow a range's first page", call{Addr: b + 2<<20, Len: p, NewLen: 2 * p, Flags: mm}, einval},
+		{"mremap: move a range's page", call{Addr: b + 3<<20, Len: p, NewLen: p, Flags: fixed, NewAddr: target}, einval},
+		{"mremap: copy a range's page", call{Addr: b + 3<<20, Len: p, NewLen: p, Flags: dontunmap}, einval},
+		{"mremap: move outside", call{Addr: b + 5<<20, Len: p, NewLen: p, Flags: fixed, NewAddr: target}, "ok"},
+		{"mremap: shrink-move a range", call{Addr: b + 3<<20, Len: 2 * p, NewLen: p, Flags: fixed, NewAddr: target}, einval},
+		{"mremap: grow-move ending before a range", call{Addr: b + 1<<20, Len: p, NewLen: 1<<20 - p, Flags: fixed, NewAddr: target}, "ok"},
+		{"mremap: carry: grow across 4G into a range", call{Addr: c, Len: 0x40000, NewLen: 0x100000, Flags: mm}, einval},
+	}
+	cases = append(cases, mcases...)
 	req := childReq{Ranges: guarded, Mode: mode}
 	for _, c := range cases {
 		req.Calls = append(req.Calls, c.call)
@@ -159,29 +207,59 @@ func testFilterInKernel(t *testing.T, mode Mode, einval string) {
 		pages := (m.End - m.Start) / p
 		a := rng.Uint64N(pages)
 		n := rng.Uint64N(pages-a) + 1
-		req.Calls = append(req.Calls, call{m.Start + a*p, n * p, unix.MADV_DONTNEED})
+		req.Calls = append(req.Calls, mad(m.Start+a*p, n*p, unix.MADV_DONTNEED))
+	}
+	nFixed := len(req.Calls) // the fixed cases and the random madvise calls
+	for range 200 {
+		m := mappings[rng.IntN(len(mappings))]
+		pages := (m.End - m.Start) / p
+		a := rng.Uint64N(pages)
+		o := rng.Uint64N(pages-a) + 1
+		n := rng.Uint64N(2*o) + 1
+		c := call{Addr: m.Start + a*p, Len: o * p, NewLen: n * p, Flags: mm}
+		switch rng.IntN(3) {
+		case 1:
+			c.Flags, c.NewAddr = fixed, target
+		case 2:
+			if n == o {
+				c.Flags = dontunmap
+			}
+		}
+		req.Calls = append(req.Calls, c)
 	}
 	res := runChild(t, req)
 	for i, r := range res {
 		var want, name string
-		if i < len(cases) {
+		c := req.Calls[i]
+		switch {
+		case i < len(cases):
 			want, name = cases[i].want, cases[i].name
-		} else {
-			c := req.Calls[i]
-			want, name = "ok", fmt.Sprintf("random %#x+%#x", c.Addr, c.Len)
+		case i < nFixed:
+			want, name = "ok", fmt.Sprintf("random madvise %#x+%#x", c.Addr, c.Len)
 			if intersects(guarded, c.Addr, c.Len) {
+				want = einval
+			}
+		default:
+			want, name = "ok", fmt.Sprintf("random mremap %#x+%#x to %#x flags %#x", c.Addr, c.Len, c.NewLen, c.Flags)
+			move := c.Flags&mremapMoves != 0
+			grow := c.NewLen > c.Len
+			hit := intersects(guarded, c.Addr, max(c.Len, c.NewLen))
+			if mode == Refuse && !move {
+				hit = grow && intersects(guarded, c.Addr+c.Len, c.NewLen-c.Len)
+			}
+			if (move || grow) && hit {
 				want = einval
 			}
 		}
 		if r != want {
-			t.Errorf("%s: madvise returned %q, want %q", name, r, want)
+			t.Errorf("%s: returned %q, want %q", name, r, want)
 		}
 	}
 }
 
 func TestEmptyGuardAllowsAll(t *testing.T) {
 	b := mappings[0].Start
-	res := runChild(t, childReq{Calls: []call{{b, 16 << 20, unix.MADV_DONTNEED}, {b, 4096, unix.MADV_FREE}}})
+	res := runChild(t, childReq{Calls: []call{mad(b, 16<<20, unix.MADV_DONTNEED), mad(b, 4096, unix.MADV_FREE)}})
 	if !reflect.DeepEqual(res, []string{"ok", "ok"}) {
 		t.Fatalf("got %v", res)
 	}
@@ -252,3 +330,6 @@ func TestBadImageDir(t *testing.T) {
 	}
 	_ = errors.Unwrap(err)
 }
+
+// mad is a madvise call.
+func mad(addr, n uint64, advice int) call { return call{Addr: addr, Len: n, Advice: advice} }

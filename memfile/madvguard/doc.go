@@ -14,7 +14,20 @@
 //
 // ApplyMode adds to a CRIU image a classic BPF seccomp filter for madvise
 // with advice MADV_DONTNEED (4), MADV_FREE (8) or MADV_DONTNEED_LOCKED (24)
-// whose [addr, addr+len) intersects one of the process's guarded ranges.
+// whose [addr, addr+len) intersects one of the process's guarded ranges,
+// and for mremap calls that grow or move guarded memory. A memory file's
+// offsets run on past each part of a VMA, so growing part of a VMA (one the
+// kernel had merged from two mappings before the dump, or whose tail was
+// unmapped) maps the next part's bytes where anonymous memory reads zeros,
+// and memory moved elsewhere leaves the guarded addresses, where a later
+// purge would bring back the file's bytes (fidelity TestMremapInCopies).
+// Refuse mode stops a growth whose new part's offsets hold data and any
+// move by flag (MREMAP_FIXED, MREMAP_DONTUNMAP) of guarded memory; a
+// MREMAP_MAYMOVE growth of a whole VMA works (the slot after it is a hole)
+// and may move it, out of the guard (a later purge there is not caught).
+// Zero mode stops every growth or move of guarded memory: the supervisor
+// first turns the memory-file part of the old range into anonymous memory
+// with the same bytes, so the call then works as on anonymous memory.
 // CRIU restores seccomp filters from seccomp.img and the per-thread core
 // images, so only restored copies carry the filter: the original keeps
 // purging. The container's own filters are kept; ours is added on top, on
@@ -31,7 +44,11 @@
 //
 // Zero: the call stops for a ptrace Supervisor (SECCOMP_RET_TRACE), which
 // turns it into an anonymous mmap(MAP_FIXED) of the range: reads as zeros,
-// memory given back, at the price of two ptrace stops per call. Without a
+// memory given back, at the price of two ptrace stops per call. A stopped
+// mremap is restarted after each part (at most 64 MiB) of its old range is
+// made anonymous (copied through /proc/<tid>/mem, zero pages skipped);
+// another thread using that memory meanwhile could see zeros for a moment,
+// which a program moving memory another thread uses cannot count on anyway. Without a
 // supervisor the call fails with ENOSYS, which allocators treat like
 // Refuse, so a copy is correct whether or not one is attached. A traced
 // copy cannot be dumped: the supervisor lets go for the dump and attaches

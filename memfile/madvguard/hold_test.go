@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
@@ -82,7 +83,7 @@ func (f *freezer) v2() bool { return !strings.HasPrefix(f.dir, "/sys/fs/cgroup/f
 
 func (f *freezer) add(t *testing.T, pid int) {
 	t.Helper()
-	tree, err := criurun.Tree(pid)
+	tree, err := procfs.Tree(pid)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ func Serve(pid int, in io.Reader, out io.Writer) error {
 			err = s.Unhold()
 		case "stats":
 			st := s.Stats()
-			extra = fmt.Sprintf(" zeroed=%d refused=%d stops=%d busy_ns=%d", st.Zeroed, st.Refused, st.Stops, st.Busy.Nanoseconds())
+			extra = fmt.Sprintf(" zeroed=%d refused=%d stops=%d moved=%d busy_ns=%d", st.Zeroed, st.Refused, st.Stops, st.Moved, st.Busy.Nanoseconds())
 		case "close":
 			err = s.Close()
 			if err != nil {
@@ -176,6 +176,8 @@ func (r *Remote) Stats() (Stats, error) {
 			st.Refused = n
 		case "stops":
 			st.Stops = n
+		case "moved":
+			st.Moved = n
 		case "busy_ns":
 			st.Busy = time.Duration(n)
 		}

@@ -50,8 +50,8 @@ type Supervisor struct {
 	done chan struct{}
 	err  error
 
-	zeroed, refused, stops atomic.Uint64
-	busy                   atomic.Int64 // ns spent handling stops
+	zeroed, refused, stops, moved atomic.Uint64
+	busy                          atomic.Int64 // ns spent handling stops
 }
 
 // Stats counts what a Supervisor did.
@@ -59,6 +59,7 @@ type Stats struct {
 	Zeroed  uint64        // calls turned into fresh anonymous mappings
 	Refused uint64        // calls failed with EINVAL
 	Stops   uint64        // ptrace stops handled (all kinds)
+	Moved   uint64        // parts of mremap calls' old ranges made anonymous
 	Busy    time.Duration // time spent handling seccomp stops
 }
 
@@ -136,7 +137,7 @@ func (s *Supervisor) Done() <-chan struct{} { return s.done }
 
 // Stats returns the counts so far.
 func (s *Supervisor) Stats() Stats {
-	return Stats{Zeroed: s.zeroed.Load(), Refused: s.refused.Load(), Stops: s.stops.Load(), Busy: time.Duration(s.busy.Load())}
+	return Stats{Zeroed: s.zeroed.Load(), Refused: s.refused.Load(), Stops: s.stops.Load(), Moved: s.moved.Load(), Busy: time.Duration(s.busy.Load())}
 }
 
 type tracee struct {
@@ -146,6 +147,16 @@ type tracee struct {
 
 	inExit bool   // stopped the converted call; its exit stop comes next
 	addr   uint64 // start of the converted range
+	move   *moveConversion
+}
+
+// moveConversion is an mremap whose old range is being made anonymous: the
+// call was turned into an anonymous mmap of one part; at its exit the
+// part's bytes go back and the mremap runs again.
+type moveConversion struct {
+	regs  unix.PtraceRegs // the mremap as stopped
+	start uint64
+	data  []byte
 }
 
 type tracer struct {
@@ -402,6 +413,10 @@ func (t *tracer) onSeccomp(tid int, tr *tracee) {
 		t.resume(tid, tr, 0)
 		return
 	}
+	if regs.Orig_rax == unix.SYS_MREMAP {
+		t.onMremap(tid, tr, &regs)
+		return
+	}
 	if regs.Orig_rax != unix.SYS_MADVISE {
 		t.resume(tid, tr, 0)
 		return
@@ -429,12 +444,79 @@ func (t *tracer) onSeccomp(tid int, tr *tracee) {
 	ptrace(unix.PTRACE_SYSCALL, tid, 0, 0) // stop again at the exit to fix the result
 }
 
+// onMremap serves a stopped mremap that grows or moves guarded memory: the
+// memory-file mappings in its old range become anonymous memory holding
+// the same bytes, one part (at most moveChunk bytes of one VMA) per stop,
+// then the call runs as the program made it, on anonymous memory: a growth
+// reads zeros, a moved range takes no file along. The call is restarted
+// after each part, and stops again while a part is left.
+func (t *tracer) onMremap(tid int, tr *tracee, regs *unix.PtraceRegs) {
+	// The kernel rounds the old length up to whole pages: so does the part.
+	part, prot, ok := memoryFilePart(tr.tgid, regs.Rdi, (regs.Rdi+regs.Rsi+4095)&^4095)
+	if !ok {
+		t.resume(tid, tr, 0) // nothing of a memory file (left): the call runs
+		return
+	}
+	data := make([]byte, part.End-part.Start)
+	if err := procMem(tid, data, part.Start, false); err != nil {
+		regs.Orig_rax = ^uint64(0)
+		regs.Rax = negErrno(unix.ENOMEM)
+		unix.PtraceSetRegs(tid, regs)
+		t.s.refused.Add(1)
+		t.resume(tid, tr, 0)
+		return
+	}
+	mv := &moveConversion{regs: *regs, start: part.Start, data: data}
+	regs.Orig_rax = unix.SYS_MMAP
+	regs.Rdi, regs.Rsi, regs.Rdx = part.Start, part.End-part.Start, uint64(prot)
+	regs.R10 = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_FIXED
+	regs.R8, regs.R9 = ^uint64(0), 0
+	if err := unix.PtraceSetRegs(tid, regs); err != nil {
+		t.resume(tid, tr, 0)
+		return
+	}
+	tr.inExit, tr.move = true, mv
+	ptrace(unix.PTRACE_SYSCALL, tid, 0, 0)
+}
+
+// moveExit finishes one part of an mremap's conversion: the part's bytes
+// go into the new anonymous mapping (zero pages skipped: they read as
+// zeros already), and the mremap is made to run again.
+func (t *tracer) moveExit(tid int, tr *tracee, mv *moveConversion) {
+	var regs unix.PtraceRegs
+	if err := unix.PtraceGetRegs(tid, &regs); err != nil {
+		t.resume(tid, tr, 0)
+		return
+	}
+	again := mv.regs
+	switch {
+	case regs.Rax != mv.start: // the mmap failed: the old mapping is there still
+		again.Rax = regs.Rax
+		t.s.refused.Add(1)
+	case writeNonZero(tid, mv.data, mv.start) != nil:
+		again.Rax = negErrno(unix.EFAULT) // cannot happen: the mapping is ours and fresh
+		t.s.refused.Add(1)
+	default:
+		// Back to the syscall instruction (2 bytes), with its number in rax.
+		again.Rip -= 2
+		again.Rax = again.Orig_rax
+		t.s.moved.Add(1)
+	}
+	unix.PtraceSetRegs(tid, &again)
+	t.resume(tid, tr, 0)
+}
+
 func (t *tracer) onExit(tid int, tr *tracee) {
 	if !tr.inExit {
 		t.resume(tid, tr, 0)
 		return
 	}
 	tr.inExit = false
+	if mv := tr.move; mv != nil {
+		tr.move = nil
+		t.moveExit(tid, tr, mv)
+		return
+	}
 	var regs unix.PtraceRegs
 	if err := unix.PtraceGetRegs(tid, &regs); err == nil {
 		if regs.Rax == tr.addr {
@@ -744,3 +826,116 @@ func protFromMaps(tgid int, start, end uint64) (int, bool) {
 
 // negErrno is a syscall's failing return value as rax holds it.
 func negErrno(e unix.Errno) uint64 { return uint64(-int64(e)) }
+
+// memFileExt ends the name of a memory file (memfile.FileExt; this package
+// does not import memfile).
+const memFileExt = ".mem"
+
+// moveChunk bounds the bytes one stop of an mremap conversion copies.
+const moveChunk = 64 << 20
+
+// memoryFilePart finds the first part of [start, end) that a private
+// mapping of a memory file covers, at most moveChunk bytes of one VMA,
+// and its protection.
+func memoryFilePart(tgid int, start, end uint64) (Range, int, bool) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", tgid))
+	if err != nil {
+		return Range{}, 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 6 {
+			continue // anonymous
+		}
+		lo, hi, ok := strings.Cut(fs[0], "-")
+		if !ok {
+			continue
+		}
+		s, err1 := strconv.ParseUint(lo, 16, 64)
+		e, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || e <= start {
+			continue
+		}
+		if s >= end {
+			break
+		}
+		path := strings.TrimSuffix(strings.Join(fs[5:], " "), " (deleted)")
+		perms := fs[1]
+		if len(perms) < 4 || perms[3] != 'p' || !strings.HasSuffix(path, memFileExt) {
+			continue
+		}
+		prot := 0
+		if perms[0] == 'r' {
+			prot |= unix.PROT_READ
+		}
+		if perms[1] == 'w' {
+			prot |= unix.PROT_WRITE
+		}
+		if perms[2] == 'x' {
+			prot |= unix.PROT_EXEC
+		}
+		r := Range{max(s, start), min(e, end)}
+		r.End = min(r.End, r.Start+moveChunk)
+		return r, prot, true
+	}
+	return Range{}, 0, false
+}
+
+// procMem reads (or writes) a tracee's memory at addr through
+// /proc/<tid>/mem, which reaches pages whatever their protection.
+func procMem(tid int, b []byte, addr uint64, write bool) error {
+	flag := os.O_RDONLY
+	if write {
+		flag = os.O_RDWR
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", tid), flag, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var n int
+	if write {
+		n, err = f.WriteAt(b, int64(addr))
+	} else {
+		n, err = f.ReadAt(b, int64(addr))
+	}
+	if err == nil && n != len(b) {
+		err = fmt.Errorf("/proc/%d/mem at %#x: %d of %d bytes", tid, addr, n, len(b))
+	}
+	return err
+}
+
+// writeNonZero writes b at addr into the tracee, page by page, skipping
+// pages of zeros (fresh anonymous memory reads zeros already, and an
+// untouched page costs nothing).
+func writeNonZero(tid int, b []byte, addr uint64) error {
+	const page = 4096
+	for off := 0; off < len(b); {
+		for off < len(b) && allZero(b[off:min(off+page, len(b))]) {
+			off += page
+		}
+		end := off
+		for end < len(b) && !allZero(b[end:min(end+page, len(b))]) {
+			end += page
+		}
+		end = min(end, len(b))
+		if end > off {
+			if err := procMem(tid, b[off:end], addr+uint64(off), true); err != nil {
+				return err
+			}
+		}
+		off = end
+	}
+	return nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
