@@ -61,9 +61,10 @@
 // One memory file per rewrite, shared by the whole process tree. Each
 // converted VMA owns a slot of SlotSize (1 TiB) bytes: its pages at the
 // start of the slot, holes after them. Consequences:
-//   - mremap growth of a VMA (in place or moved) reads the slot's holes:
-//     zeros, as it would for anonymous memory; no SIGBUS either, since the
-//     file is as long as all its slots.
+//   - mremap growth of a whole VMA (in place or moved) reads the slot's
+//     holes: zeros, as it would for anonymous memory; no SIGBUS either, since
+//     the file is as long as all its slots. In a guarded copy the madvise
+//     guard stops mremap of converted memory (below).
 //   - No two VMAs map adjacent file offsets, so the kernel never merges two
 //     of them into one VMA whose growth would expose the neighbour's bytes
 //     (the bug of an earlier layout with adjacent slots).
@@ -254,5 +255,11 @@
 // mappings into one VMA before the dump, growing the first one moves it and
 // its new tail shows the second one's bytes instead of zeros. The boundary
 // between the two is nowhere in the dump, and a VMA maps one contiguous file
-// range, so no layout can hide it. Growth of a whole VMA reads zeros.
+// range, so no layout can hide it; and a VMA moved by mremap leaves the
+// guarded addresses, so a later purge there would bring back the file's
+// bytes. The guard therefore also stops mremap of converted memory: refuse
+// mode fails a growth into data and any move by flag (MREMAP_FIXED,
+// MREMAP_DONTUNMAP); zero mode has the supervisor turn the converted part of
+// the old range into anonymous memory with the same bytes first, then rerun
+// the call (fidelity TestMremapInCopies). Growth of a whole VMA reads zeros.
 package memfile
