@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -112,6 +113,81 @@ func TestZeroModeExact(t *testing.T) {
 		} else {
 			t.Logf("%s: %s", c, kv["line"])
 		}
+	}
+}
+
+// TestZeroModeExactUnpausedCheckpoint: checkpoints of a running zero-mode
+// task serve every purge: containerd's client (ctr, CRI's checkpoint) pauses
+// the task first; a bare task-service Checkpoint does not, and the shim then
+// holds and freezes the supervised task for its dump as Pause does. Before,
+// the task ran unsupervised from the supervisor letting go until CRIU froze
+// it, and from CRIU's thaw until the supervisor was back, and purges in those
+// windows failed with ENOSYS.
+func TestZeroModeExactUnpausedCheckpoint(t *testing.T) {
+	e := startLF(t, harness.Options{})
+	ctx := e.ctx(t)
+	bin := staticProgram(t, "memfile/madvguard/testdata/purgeloop.c")
+	img, err := e.ImportImage(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "zc-" + lfRandom(3)
+	e.run(t, ctx, img, id, []string{"/purgeloop"},
+		oci.WithMounts([]specs.Mount{{Destination: "/purgeloop", Type: "bind", Source: bin, Options: []string{"rbind", "ro"}}}),
+		oci.WithAnnotations(map[string]string{"lazyfork.io/madvise": "zero"}))
+	res, err := e.lfClient().Fork(ctx, id, 1, e.logIO())
+	if err != nil {
+		t.Fatalf("fork %s: %v", id, err)
+	}
+	child, task := res.Forks[0].Container.ID(), res.Forks[0].Task
+	path := e.TaskLogPath(child)
+	waitN := func(more uint64) map[string]string {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if _, err := harness.WaitLine(wctx, path, 0, func(l string) bool { return strings.HasPrefix(l, "purges ") }); err != nil {
+			t.Fatalf("%s: no purges line: %v", child, err)
+		}
+		start := atoi(lastPurges(t, path)["n"])
+		for {
+			kv := lastPurges(t, path)
+			if atoi(kv["n"]) >= start+more {
+				return kv
+			}
+			select {
+			case <-wctx.Done():
+				t.Fatalf("%s: purges stopped at %s", child, kv["line"])
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	waitN(2000)
+	if tracer(t, task.Pid()) == 0 {
+		t.Fatalf("fork %s has no madvise supervisor", child)
+	}
+	for i := 0; i < 5; i++ {
+		if i%2 == 0 {
+			if _, err := e.Client().TaskService().Checkpoint(ctx, &tasksapi.CheckpointTaskRequest{ContainerID: child}); err != nil {
+				t.Fatalf("task-service checkpoint %d of %s (running, not paused): %v", i, child, err)
+			}
+		} else {
+			time.Sleep(1100 * time.Millisecond) // containerd names its checkpoint image by the second
+			if _, err := task.Checkpoint(ctx, containerd.WithCheckpointImagePath(t.TempDir())); err != nil {
+				t.Fatalf("client checkpoint %d of %s: %v", i, child, err)
+			}
+		}
+		waitN(2000)
+		if st, err := task.Status(ctx); err != nil || st.Status != containerd.Running {
+			t.Fatalf("after checkpoint %d: %s is %v (%v), want running", i, child, st.Status, err)
+		}
+		if tracer(t, task.Pid()) == 0 {
+			t.Fatalf("after checkpoint %d: %s has no madvise supervisor", i, child)
+		}
+	}
+	if kv := waitN(2000); kv["bad"] != "0" || kv["stale"] != "0" {
+		t.Errorf("%s after 5 unpaused checkpoints: %s; want bad=0 stale=0", child, kv["line"])
+	} else {
+		t.Logf("%s: %s", child, kv["line"])
 	}
 }
 

@@ -587,14 +587,35 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		}
 	}
 	// CRIU cannot dump a traced task: a zero-mode supervisor lets go for the
-	// dump (Pause already did, for a frozen task).
+	// dump (Pause already did, for a frozen task). A running supervised task
+	// (a bare task-service checkpoint: containerd's client pauses first) is
+	// held and frozen as Pause does, so that it runs no guarded call
+	// untraced before CRIU's freeze or after its thaw, and resumed after.
 	sup := s.supervisorOf(r.ID)
+	pausedHere := false
+	if !frozen && sup.isAttached() {
+		if _, err := s.Pause(ctx, &taskAPI.PauseRequest{ID: r.ID}); err != nil {
+			return nil, fmt.Errorf("checkpoint of %s: pause the supervised task for its dump: %w", r.ID, err)
+		}
+		pausedHere = true
+	}
+	resumeHere := func() {
+		if !pausedHere || opts.GetExit() {
+			return
+		}
+		if _, err := s.Resume(ctx, &taskAPI.ResumeRequest{ID: r.ID}); err != nil {
+			log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: resume after checkpoint")
+		}
+	}
 	detached, err := sup.detach()
 	if err != nil {
+		resumeHere()
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint of %s: %w", r.ID, err))
 	}
 	t1 := time.Now()
-	if _, err := s.TTRPCTaskService.Checkpoint(ctx, r); err != nil {
+	_, err = s.TTRPCTaskService.Checkpoint(ctx, r)
+	resumeHere() // attaches the supervisor again, then thaws
+	if err != nil {
 		if detached {
 			sup.attach(ctx)
 		}
@@ -603,7 +624,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	tDump := time.Since(t1)
 	var thawed time.Time
 	if !opts.GetExit() {
-		if !frozen {
+		if !frozen && !pausedHere {
 			ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), ropts.WipeOnFork)
 		}
 		if detached {

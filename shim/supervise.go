@@ -24,6 +24,16 @@ type supervisor struct {
 	attached bool
 }
 
+// isAttached reports whether the supervisor traces its task now.
+func (v *supervisor) isAttached() bool {
+	if v == nil {
+		return false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.attached
+}
+
 // detach lets go of the task if attached; it reports whether it did.
 func (v *supervisor) detach() (bool, error) {
 	if v == nil {
