@@ -1,10 +1,10 @@
 // Package ckptarchive reads containerd's checkpoint archives (what CRI and
 // the kubelet write, and lazyfork export) as untrusted input: a tar,
 // possibly gzipped, whose checkpoint/ entries are a CRIU image. Only plain
-// names one level below checkpoint/ are written, each created anew inside
-// the destination (O_EXCL, no links followed); sparse entries, which expand a
-// few archive bytes into gigabytes of zeros, are refused; the entries must
-// fit a byte budget and an entry count.
+// names one level below checkpoint/ or checkpoint/parent/ are written, each
+// created anew inside the destination (O_EXCL, no links followed); sparse
+// entries, which expand a few archive bytes into gigabytes of zeros, are
+// refused; the entries must fit a byte budget and an entry count.
 package ckptarchive
 
 import (
@@ -26,6 +26,12 @@ import (
 
 // CheckpointDir is the archive's directory holding the CRIU image.
 const CheckpointDir = "checkpoint"
+
+// ParentDir is the image's subdirectory of parent pagemaps: a rewrite gives a
+// task whose mappings would need hundreds of open files at its restore an
+// empty parent pagemap there, so that CRIU premaps them one file at a time
+// (memfile's premap). Its plain files are taken too.
+const ParentDir = "parent"
 
 // MaxEntries bounds the checkpoint/ entries of one archive (CRIU writes a
 // few per process).
@@ -95,11 +101,19 @@ func Unpack(p, dst string, o Options) (int, error) {
 		name := EntryName(h)
 		extra := o.Extra[name]
 		dir, file := path.Split(name)
-		inImage := path.Clean(dir) == CheckpointDir && file != "" && file != "." && file != ".."
+		dir = path.Clean(dir)
+		inImage := (dir == CheckpointDir || dir == CheckpointDir+"/"+ParentDir) && file != "" && file != "." && file != ".."
 		if extra == nil && !inImage {
 			continue
 		}
+		sub := strings.TrimPrefix(strings.TrimPrefix(dir, CheckpointDir), "/")
 		switch {
+		case name == CheckpointDir+"/"+ParentDir && h.Typeflag == tar.TypeDir:
+			// The parent pagemaps a rewrite gives a task with many mappings.
+			if err := os.Mkdir(filepath.Join(dst, ParentDir), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+				return n, err
+			}
+			continue
 		case h.Typeflag == tar.TypeDir && inImage:
 			continue
 		case h.Typeflag != tar.TypeReg:
@@ -122,7 +136,12 @@ func Unpack(p, dst string, o Options) (int, error) {
 		if n++; n > MaxEntries {
 			return n, fmt.Errorf("more than %d checkpoint entries: %w", MaxEntries, errdefs.ErrInvalidArgument)
 		}
-		if err := writeEntry(filepath.Join(dst, file), tr, h.Size); err != nil {
+		if sub != "" {
+			if err := os.Mkdir(filepath.Join(dst, sub), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+				return n, err
+			}
+		}
+		if err := writeEntry(filepath.Join(dst, sub, file), tr, h.Size); err != nil {
 			if errors.Is(err, unix.ENOSPC) {
 				return n, noSpace(h.Name, h.Size)
 			}

@@ -36,32 +36,38 @@ func writeTar(t *testing.T, entries map[string]string) string {
 // its entry, and every byte counts against the budget.
 func TestUnpack(t *testing.T) {
 	p := writeTar(t, map[string]string{
-		"checkpoint/inventory.img": "inv",
-		"./checkpoint/core-1.img":  "core",
-		"checkpoint/../escape.img": "no",
-		"checkpoint/sub/deep.img":  "no",
-		"rootfs-diff.tar":          "layer",
-		"config.dump":              "{}",
+		"checkpoint/inventory.img":        "inv",
+		"./checkpoint/core-1.img":         "core",
+		"checkpoint/../escape.img":        "no",
+		"checkpoint/sub/deep.img":         "no",
+		"checkpoint/parent/pagemap-7.img": "pm",
+		"rootfs-diff.tar":                 "layer",
+		"config.dump":                     "{}",
 	})
 	dst := t.TempDir()
 	var layer []byte
 	n, err := Unpack(p, dst, Options{Budget: 1 << 20, Extra: map[string]func(io.Reader) error{
 		"rootfs-diff.tar": func(r io.Reader) (err error) { layer, err = io.ReadAll(r); return err },
 	}})
-	if err != nil || n != 2 {
-		t.Fatalf("Unpack: %d entries, %v; want 2", n, err)
+	if err != nil || n != 3 {
+		t.Fatalf("Unpack: %d entries, %v; want 3", n, err)
 	}
 	if string(layer) != "layer" {
 		t.Errorf("Extra read %q", layer)
 	}
 	ents, _ := os.ReadDir(dst)
-	if len(ents) != 2 {
-		t.Errorf("dst holds %v, want inventory.img and core-1.img", ents)
+	if len(ents) != 3 {
+		t.Errorf("dst holds %v, want inventory.img, core-1.img and parent/", ents)
+	}
+	// The premap parent pagemap a rewrite writes for a task with many
+	// mappings travels with the image.
+	if b, err := os.ReadFile(filepath.Join(dst, "parent", "pagemap-7.img")); err != nil || string(b) != "pm" {
+		t.Errorf("parent pagemap: %q %v", b, err)
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(dst), "escape.img")); err == nil {
 		t.Error("an entry climbed out of dst")
 	}
-	// 3 + 4 + 5 bytes: a budget of 10 refuses the last one counted.
+	// 3 + 4 + 2 + 5 bytes: a budget of 10 refuses one.
 	if _, err := Unpack(p, t.TempDir(), Options{Budget: 10, Extra: map[string]func(io.Reader) error{
 		"rootfs-diff.tar": func(r io.Reader) error { _, err := io.Copy(io.Discard, r); return err },
 	}}); !errdefs.IsResourceExhausted(err) {
