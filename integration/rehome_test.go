@@ -326,3 +326,72 @@ func TestRehomeHelperKilled(t *testing.T) {
 		t.Errorf("the shim did not report the failed move")
 	}
 }
+
+// TestRehomeFreesReplacedPages: a moved parent that writes new pages moves
+// them onto each snapshot's new file; the older file's copies of those pages
+// are then read by nobody once the forks and snapshots that held it are gone,
+// and they are freed (fallocate punch), so a parent forked again and again
+// does not keep two copies of every page it wrote. Freed only where nothing
+// can read them: the files an older fork holds keep every page, and the
+// parent, the older forks and a fork made afterwards verify their whole heap.
+func TestRehomeFreesReplacedPages(t *testing.T) {
+	e, ctx, img := startLFPython(t)
+	lf := e.lfClient()
+	parent := e.startCounter(t, ctx, img, "punch-"+lfRandom(3), 64)
+	forkAndDrop := func() int64 {
+		t.Helper()
+		parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+		before := tmpfsBytes(t, e.Root)
+		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkContinues(t, ctx, parent, e.forks(res)[0])
+		if err := lf.Delete(ctx, res.Forks[0].Container.ID()); err != nil {
+			t.Fatal(err)
+		}
+		if err := lf.RemoveSnapshot(ctx, res.Snapshot); err != nil {
+			t.Fatal(err)
+		}
+		return tmpfsBytes(t, e.Root) - before
+	}
+	forkAndDrop() // the first: the parent moves onto its memory file
+	var grew int64
+	for i := 0; i < 5; i++ {
+		g := forkAndDrop()
+		t.Logf("call %d: tmpfs %+d kB", i+2, g>>10)
+		grew += g
+	}
+	// Each call's new file holds what the interpreter and the write dirtied
+	// (300-400 kB here); the same pages of the older files are freed.
+	if grew > 256<<10 {
+		t.Errorf("five later snapshots of the parent, their forks and snapshots gone, grew the tmpfs by %d kB: the replaced pages were not freed", grew>>10)
+	}
+	// With older forks alive, the files they hold keep every page.
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	res, err := lf.Fork(ctx, parent.id, 2, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := e.forks(res)
+	for i := 0; i < 2; i++ {
+		forkAndDrop()
+	}
+	writes := 9 // one per SIGUSR2 so far
+	want := fmt.Sprintf("verify ok pages=16384 writes=%d", writes)
+	if v := parent.signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
+		t.Errorf("parent: %q, want %q", v, want)
+	}
+	for _, f := range kept {
+		if v, w := f.signal(t, ctx, syscall.SIGUSR1, "verify "), fmt.Sprintf("verify ok pages=16384 writes=%d", 7); v != w {
+			t.Errorf("older fork %s: %q, want %q", f.id, v, w)
+		}
+	}
+	res, err = lf.Fork(ctx, parent.id, 1, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := e.forks(res)[0].signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
+		t.Errorf("a fork made after the frees: %q, want %q", v, want)
+	}
+}

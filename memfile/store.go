@@ -514,6 +514,13 @@ type fileKey struct {
 // namespaces; device and inode do not).
 func mappedFiles(cands map[fileKey]string) map[fileKey]bool {
 	out := map[fileKey]bool{}
+	eachMapping(cands, func(k fileKey, _, _ uint64) { out[k] = true })
+	return out
+}
+
+// eachMapping calls fn for every mapping, by any process, of a candidate:
+// the file range [off, off+n) it maps.
+func eachMapping(cands map[fileKey]string, fn func(k fileKey, off, n uint64)) {
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
 		if p.Name()[0] < '0' || p.Name()[0] > '9' {
@@ -540,12 +547,21 @@ func mappedFiles(cands map[fileKey]string) map[fileKey]bool {
 				continue
 			}
 			k := fileKey{dev: unix.Mkdev(uint32(ma), uint32(mi)), ino: ino}
-			if _, ok := cands[k]; ok {
-				out[k] = true
+			if _, ok := cands[k]; !ok {
+				continue
 			}
+			lo, hi, _ := strings.Cut(f[0], "-")
+			start, err1 := strconv.ParseUint(lo, 16, 64)
+			end, err2 := strconv.ParseUint(hi, 16, 64)
+			off, err3 := strconv.ParseUint(f[2], 16, 64)
+			if err1 != nil || err2 != nil || err3 != nil || end < start {
+				// Unreadable: count the whole file as mapped.
+				fn(k, 0, ^uint64(0))
+				continue
+			}
+			fn(k, off, end-start)
 		}
 	}
-	return out
 }
 
 // writeJSONAtomic writes v as JSON to path through a temporary file and a

@@ -38,6 +38,8 @@ type rehomeResult struct {
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
 	NoNewPrivs []int
+	// Freed is what older files' pages the move made unused were freed.
+	Freed int64
 }
 
 // rehomeEnabled reports whether a container's memory moves onto its files at
@@ -146,6 +148,15 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		return res, errors.New(reply.Err)
 	}
 	nothingMoved = res.VMAs == 0 && res.Bytes == 0
+	// The older files' pages the container no longer maps are freed when
+	// nothing else can read them: without this a parent that keeps writing
+	// new pages keeps both copies of each on the tmpfs.
+	own := func(h string) bool {
+		return h == containerHolder(st.Namespace, st.ID) || strings.HasPrefix(h, movedHolder(st.Namespace, st.ID, ""))
+	}
+	if res.Freed, err = store.PunchUnused(st.Family, own, reply.Replaced); err != nil {
+		log.G(ctx).WithError(err).WithField("id", st.ID).Warn("lazyfork: free the pages a move replaced")
+	}
 	return res, nil
 }
 
@@ -178,10 +189,14 @@ type rehomeRequest struct {
 
 // rehomeReply is the helper's answer (JSON on stdout).
 type rehomeReply struct {
-	VMAs     int   `json:"vmas"`               // VMAs moved whole
-	Bytes    int64 `json:"bytes"`              // bytes written into the file
-	ByTracer int64 `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
-	Calls    int   `json:"calls"`              // pwrite calls the processes made
+	// Replaced are the ranges of older memory files whose pages the
+	// processes no longer map (written since, now moved), for
+	// Store.PunchUnused; only from a move that finished.
+	Replaced []memfile.FileRange `json:"replaced,omitempty"`
+	VMAs     int                 `json:"vmas"`               // VMAs moved whole
+	Bytes    int64               `json:"bytes"`              // bytes written into the file
+	ByTracer int64               `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
+	Calls    int                 `json:"calls"`              // pwrite calls the processes made
 	// Where the helper's time went: seizing the tree, planning (reading
 	// smaps and pagemaps), copying and mapping.
 	Seize, Plan, Move time.Duration
@@ -283,6 +298,12 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 		reply.Move += time.Since(t2)
 		reply.Calls += cs.Calls
 		reply.VMAs += len(done)
+		for _, v := range done {
+			if v.Replaces != "" {
+				reply.Replaced = append(reply.Replaced, memfile.FileRange{
+					File: filepath.Base(strings.TrimSuffix(v.Replaces, " (deleted)")), Off: v.ReplacesOffset, Len: v.Len()})
+			}
+		}
 		reply.Bytes += cs.Bytes
 		reply.ByTracer += cs.ByTracer
 		if err != nil {
@@ -394,7 +415,7 @@ func cgroupProcs(dir string) ([]int, error) {
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration,
-		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls})
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls, "freed": res.Freed})
 	if len(res.NoNewPrivs) > 0 {
 		l = l.WithField("no_new_privs", res.NoNewPrivs)
 	}

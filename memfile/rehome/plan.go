@@ -37,6 +37,13 @@ type VMA struct {
 	// copied, clean ones from the file included, since a hole would read
 	// zeros instead of the file's bytes.
 	Whole bool
+	// FileOffset is the offset of the file the VMA maps (maps' third field).
+	FileOffset uint64
+	// Replaces is, for a patch of a memory-file mapping, that file as the
+	// process sees it: once moved, the patch's pages no longer come from it
+	// (at ReplacesOffset) in this process.
+	Replaces       string
+	ReplacesOffset uint64
 }
 
 // Offset is the file offset the VMA's first page maps.
@@ -266,6 +273,7 @@ func patches(pid int, v VMA) ([]VMA, error) {
 		out = append(out, VMA{
 			Start: v.Start + r[0]*pageSize, End: v.Start + r[1]*pageSize,
 			Prot: v.Prot, Flags: v.Flags, Pages: r[1] - r[0], Name: v.Name, Whole: true,
+			Replaces: v.Name, ReplacesOffset: v.FileOffset + r[0]*pageSize,
 		})
 	}
 	return out, nil
@@ -304,6 +312,9 @@ func parseHeader(l []byte) (v VMA, good, isHeader bool) {
 		return v, false, false
 	}
 	v.Start, v.End = s, e
+	if off, err := strconv.ParseUint(string(fs[2]), 16, 64); err == nil {
+		v.FileOffset = off
+	}
 	perms := fs[1]
 	if perms[0] == 'r' {
 		v.Prot |= unix.PROT_READ
