@@ -60,8 +60,28 @@ func human(v float64, unit string) string {
 	return strconv.FormatFloat(v, 'g', 6, 64)
 }
 
+// addFloors records the floors (heap 0, system "floor").
+func (r *results) addFloors(fl *floors) {
+	for _, x := range []struct {
+		name string
+		ds   []time.Duration
+	}{{"runc_run", fl.runcRun}, {"runcv2_start", fl.runcV2}, {"lazyfork_fresh_start", fl.lazyforkF}} {
+		r.addDur(0, "floor", x.name+"_median", report.Median(x.ds))
+		r.addDur(0, "floor", x.name+"_max", report.Max(x.ds))
+	}
+}
+
+// addBreakdown records the breakdown's phases (heap 64, system "breakdown").
+func (r *results) addBreakdown(bd *breakdown) {
+	for i, name := range breakdownPhases {
+		r.addDur(64, "breakdown", "phase_"+strconv.Itoa(i+1)+"_median: "+name, bd.median[i])
+	}
+	r.addDur(64, "breakdown", "total_median", report.Median(bd.totals))
+	r.addDur(64, "breakdown", "total_max", report.Max(bd.totals))
+}
+
 // summary checks the issue's targets against the figures.
-func (r *results) summary(w io.Writer, heaps []int) {
+func (r *results) summary(w io.Writer, heaps []int, nForks int) {
 	fmt.Fprintln(w, "\ntargets:")
 	lo, hi := heaps[0], heaps[len(heaps)-1]
 	check := func(name string, ok bool, detail string) {
@@ -87,6 +107,22 @@ func (r *results) summary(w io.Writer, heaps []int) {
 	if ok4 && ok5 {
 		check("a fork of a fork's snapshot flat in heap size", ff2 <= 1.3*ff1+1<<20,
 			fmt.Sprintf("%.2f MB at %d MiB, %.2f MB at %d MiB", ff1/1e6, lo, ff2/1e6, hi))
+	}
+	// Issue 12: a fork's restore in 40 ms and 0.8x a fresh runc.v2 start;
+	// a fresh LazyFork container as fast as a runc.v2 one (1.05x).
+	if v2, ok := r.get(0, "floor", "runcv2_start_median"); ok {
+		for _, h := range heaps {
+			for _, k := range []string{"restore_1", fmt.Sprintf("restore_%d_median", nForks)} {
+				if v, ok := r.get(h, "lazyfork", k); ok {
+					check(fmt.Sprintf("%s at %d MiB <= 40 ms and <= 0.8x runc.v2 fresh start", k, h), v <= 0.040 && v <= 0.8*v2,
+						fmt.Sprintf("%.1f ms vs %.1f ms (%.2fx)", v*1000, v2*1000, v/v2))
+				}
+			}
+		}
+		if f, ok := r.get(0, "floor", "lazyfork_fresh_start_median"); ok {
+			check("fresh lazyfork.v1 start <= 1.05x runc.v2", f <= 1.05*v2,
+				fmt.Sprintf("%.1f ms vs %.1f ms (%.2fx)", f*1000, v2*1000, f/v2))
+		}
 	}
 	var worst float64
 	for _, h := range heaps {
