@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lazyfork/lazyfork/bench/internal/ctrbench"
 	"github.com/lazyfork/lazyfork/integration/harness"
 )
 
@@ -34,7 +35,15 @@ func main() {
 	forks := flag.Int("forks", 10, "forks restored at once")
 	plainMax := flag.Int("plain-many-max", 256, "largest heap (MiB) for which plain runc restores -forks copies at once (each costs the whole heap)")
 	out := flag.String("out", "", "results directory (default: bench/results in the source tree)")
+	only := flag.Bool("breakdown-only", false, "only the floors and one fork's phases (no heap series, nothing written)")
 	flag.Parse()
+	if *only {
+		if err := runBreakdownOnly(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-fork:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*heaps, *forks, *plainMax, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-fork:", err)
 		os.Exit(1)
@@ -111,6 +120,35 @@ func run(heapList string, nForks, plainMax int, outDir string) error {
 	fmt.Printf("\nwrote %s and %s\n", csvPath, pngPath)
 	bd.print(os.Stdout, fl)
 	b.m.summary(os.Stdout, heaps, nForks)
+	return nil
+}
+
+// runBreakdownOnly measures the floors and one fork's phases.
+func runBreakdownOnly() error {
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		return err
+	}
+	bin, cleanupBin, err := binaries(repo)
+	if err != nil {
+		return err
+	}
+	defer cleanupBin()
+	ctx := context.Background()
+	env, _, err := ctrbench.SetupLazyFork(ctx, bin)
+	if err != nil {
+		return err
+	}
+	fl, err := measureFloors(ctx, env, floorRuns)
+	env.Close()
+	if err != nil {
+		return fmt.Errorf("floors: %w", err)
+	}
+	bd, err := runBreakdown(ctx, bin, breakdownForks)
+	if err != nil {
+		return fmt.Errorf("breakdown: %w", err)
+	}
+	bd.print(os.Stdout, fl)
 	return nil
 }
 

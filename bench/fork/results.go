@@ -78,6 +78,8 @@ func (r *results) addBreakdown(bd *breakdown) {
 	}
 	r.addDur(64, "breakdown", "total_median", report.Median(bd.totals))
 	r.addDur(64, "breakdown", "total_max", report.Max(bd.totals))
+	r.addDur(64, "breakdown", "restore_median", report.Median(bd.restores))
+	r.addDur(64, "breakdown", "restore_max", report.Max(bd.restores))
 }
 
 // summary checks the targets against the figures.
