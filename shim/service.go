@@ -296,7 +296,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		if err := ensureOvercommitFile(viewDir, s.cfg.Overcommit); err != nil {
 			return nil, fmt.Errorf("overcommit file: %w", err)
 		}
-		withOvercommitHook(spec, s.self, s.cfg.Overcommit)
+		withOvercommitHook(spec, s.self, r.Bundle, s.cfg.Overcommit)
 	}
 	if s.cfg.CRIUVerbosity != "" {
 		conf, err := ensureCRIUConfig(s.cfg.Root, s.cfg.CRIUVerbosity, snap != nil && zeroGuard(ctx, r.Checkpoint))

@@ -137,8 +137,9 @@ func withMemMount(s *specs.Spec, hostDir string) {
 // withOvercommitHook adds the createContainer hook that makes
 // /proc/sys/vm/overcommit_memory read the given value. runc refuses spec mounts
 // inside /proc, so a hook, running in the container's mount namespace before
-// pivot_root, does the bind mount.
-func withOvercommitHook(s *specs.Spec, self, value string) {
+// pivot_root, does the bind mount: mount(8) where it can (overcommitMountHook),
+// else this binary.
+func withOvercommitHook(s *specs.Spec, self, bundle, value string) {
 	if s.Hooks == nil {
 		s.Hooks = &specs.Hooks{}
 	}
@@ -148,14 +149,18 @@ func withOvercommitHook(s *specs.Spec, self, value string) {
 			hooks = append(hooks, h)
 		}
 	}
-	s.Hooks.CreateContainer = append(hooks, specs.Hook{
-		Path: self,
-		Args: []string{filepath.Base(self), HookArg, "overcommit", OvercommitFile(value)},
-	})
+	h, ok := overcommitMountHook(s, bundle, value)
+	if !ok {
+		h = specs.Hook{
+			Path: self,
+			Args: []string{filepath.Base(self), HookArg, "overcommit", OvercommitFile(value)},
+		}
+	}
+	s.Hooks.CreateContainer = append(hooks, h)
 }
 
 func isOurHook(h specs.Hook) bool {
-	return len(h.Args) > 1 && h.Args[1] == HookArg
+	return len(h.Args) > 1 && h.Args[1] == HookArg || isOvercommitMountHook(h)
 }
 
 // ensureOvercommitFile writes the file the hook bind-mounts, once per family.
