@@ -422,6 +422,10 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 		}
 		return nil, withSnapshotHint(restoreError(err, c.bundle))
 	}
+	t1 := time.Now()
+	defer func() {
+		log.G(ctx).WithFields(log.Fields{"id": r.ID, "after_restore": time.Since(t1)}).Debug("lazyfork: started")
+	}()
 	s.superviseIfZero(ctx, r.ID, c, int(resp.Pid))
 	cg, cerr := loadCgroup(int(resp.Pid))
 	if cerr != nil {

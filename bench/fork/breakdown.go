@@ -60,7 +60,8 @@ var breakdownPhases = []string{
 	"CRIU: mounts (tmpfs contents by tar+gzip)",
 	"CRIU: files, memory mappings",
 	"CRIU: restorer, resume",
-	"runc exit, shim (cgroup, OOM watch)",
+	"runc exit, runc shim's start bookkeeping",
+	"shim: restored task's cgroup, OOM watch",
 	"containerd, client",
 }
 
@@ -111,6 +112,8 @@ func containerdMarks(logPath string, offset int64, id string) (map[string]time.T
 			key = "shim"
 		case msg[1] == "lazyfork: created" && lineID == id:
 			key = "created"
+		case msg[1] == "lazyfork: started" && lineID == id:
+			key = "started"
 		case msg[1] == "lazyfork: restored" && lineID == id:
 			key = "restored"
 			if m := restoreRE.FindStringSubmatch(line); m != nil {
@@ -123,7 +126,7 @@ func containerdMarks(logPath string, offset int64, id string) (map[string]time.T
 			}
 		}
 	}
-	for _, k := range []string{"create", "shim", "created", "restored"} {
+	for _, k := range []string{"create", "shim", "created", "restored", "started"} {
 		if _, ok := marks[k]; !ok {
 			return nil, 0, fmt.Errorf("containerd's log has no %q line for %s (is it at debug level?)", k, id)
 		}
@@ -227,7 +230,7 @@ func traceFork(ctx context.Context, env *ctrbench.Env, lf *lfclient.Client, pare
 	at := []time.Time{
 		t0, cm["create"], cm["shim"], cm["created"], startBegin, criuStart,
 		criuStart.Add(crm["probed"]), criuStart.Add(crm["ns"]), criuStart.Add(crm["mounts"]),
-		criuStart.Add(crm["files"]), st.ModTime(), cm["restored"], t1,
+		criuStart.Add(crm["files"]), st.ModTime(), cm["restored"], cm["started"], t1,
 	}
 	tr := &forkTrace{total: t1.Sub(t0), restore: forks[0].Restore, kdat: kdat, tmpfs: ntmpfs, tmpfsDur: tmpfsDur}
 	for i, name := range breakdownPhases {
