@@ -122,6 +122,12 @@ func (b *bench) lazyfork(ctx context.Context, heapMiB int) error {
 		m.add(heapMiB, sys, "snapshot_image", float64(total), "B")
 		m.add(heapMiB, sys, "snapshot_image_pages", float64(pages), "B")
 	}
+	// The family's memory files (tmpfs), shared by the parent and every fork.
+	var memFileBytes int64
+	for _, size := range memFiles(filepath.Join(b.root, "mem", res.Family)) {
+		memFileBytes += size
+	}
+	m.add(heapMiB, sys, "memory_files", float64(memFileBytes), "B")
 
 	// n forks at once from the same snapshot.
 	t0 := time.Now()
@@ -167,6 +173,15 @@ func (b *bench) lazyfork(ctx context.Context, heapMiB int) error {
 	m.add(heapMiB, sys, "shim_processes", float64(nShims), "")
 	m.add(heapMiB, sys, "shim_rss_per_fork", float64(shims.RSS)/float64(served), "B")
 	m.add(heapMiB, sys, "shim_pss_per_fork", float64(shims.Pss)/float64(served), "B")
+	// What a user pays: each fork with its share of the shims (worst fork),
+	// and the n forks together with the memory file and the shims.
+	m.add(heapMiB, sys, "memory_per_fork_max_incl_shim_share", report.Max(mems)+float64(shims.Pss)/float64(served), "B")
+	var sum float64
+	for _, v := range mems {
+		sum += v
+	}
+	pm, _ := b.memory(ctx, parent.Container)
+	m.add(heapMiB, sys, fmt.Sprintf("parent_%d_forks_memory_file_shims", b.nForks), float64(pm)+sum+float64(memFileBytes)+float64(shims.Pss), "B")
 
 	// A fork of a fork: the snapshot of a fork that wrote 5 pages.
 	famDir := filepath.Join(b.root, "mem", res.Family)

@@ -135,6 +135,15 @@ func (r *results) summary(w io.Writer, heaps []int, nForks int) {
 		}
 	}
 	check("memory per fork (cgroup) right after restore under 2 MB", worst < 2e6, fmt.Sprintf("worst %.2f MB", worst/1e6))
+	for _, h := range heaps {
+		if v, ok := r.get(h, "lazyfork", "memory_per_fork_max_incl_shim_share"); ok {
+			check(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s)", nForks, h), v <= 1.5e6,
+				fmt.Sprintf("%.2f MB", v/1e6))
+		}
+		if v, ok := r.get(h, "lazyfork", fmt.Sprintf("parent_%d_forks_memory_file_shims", nForks)); ok {
+			fmt.Fprintf(w, "  info parent + %d forks + memory file + shims at %d MiB: %.0f MB\n", nForks, h, v/1e6)
+		}
+	}
 	var parts []string
 	for _, h := range heaps {
 		if v, ok := r.get(h, "lazyfork", "shim_rss_per_fork"); ok {
