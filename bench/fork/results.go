@@ -113,12 +113,17 @@ func (r *results) summary(w io.Writer, heaps []int, nForks int) {
 	// Issue 12: a fork's restore in 40 ms and 0.8x a fresh runc.v2 start;
 	// a fresh LazyFork container as fast as a runc.v2 one (1.05x).
 	if v2, ok := r.get(0, "floor", "runcv2_start_median"); ok {
+		// One fork at a time (forks restored at once share 2 cores).
+		target := func(name string, v float64) {
+			check(name+" <= 40 ms and <= 0.8x runc.v2 fresh start", v <= 0.040 && v <= 0.8*v2,
+				fmt.Sprintf("%.1f ms vs %.1f ms (%.2fx)", v*1000, v2*1000, v/v2))
+		}
+		if v, ok := r.get(64, "breakdown", "restore_median"); ok {
+			target("restore of one fork, median of the breakdown's forks (64 MiB)", v)
+		}
 		for _, h := range heaps {
-			for _, k := range []string{"restore_1", fmt.Sprintf("restore_%d_median", nForks)} {
-				if v, ok := r.get(h, "lazyfork", k); ok {
-					check(fmt.Sprintf("%s at %d MiB <= 40 ms and <= 0.8x runc.v2 fresh start", k, h), v <= 0.040 && v <= 0.8*v2,
-						fmt.Sprintf("%.1f ms vs %.1f ms (%.2fx)", v*1000, v2*1000, v/v2))
-				}
+			if v, ok := r.get(h, "lazyfork", "restore_1"); ok {
+				target(fmt.Sprintf("restore_1 at %d MiB", h), v)
 			}
 		}
 		if f, ok := r.get(0, "floor", "lazyfork_fresh_start_median"); ok {
