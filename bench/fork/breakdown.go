@@ -247,6 +247,7 @@ type breakdown struct {
 	totals   []time.Duration
 	restores []time.Duration
 	kdat     string
+	fresh    *freshBreakdown
 	tmpfs    int
 	tmpfsDur []time.Duration
 }
@@ -274,6 +275,9 @@ func runBreakdown(ctx context.Context, bin string, n int) (*breakdown, error) {
 	}
 	defer lf.RemoveSnapshot(context.WithoutCancel(ctx), res.Snapshot)
 	bd := &breakdown{n: n}
+	if bd.fresh, err = traceFresh(ctx, env, n); err != nil {
+		return nil, fmt.Errorf("fresh starts: %w", err)
+	}
 	var traces []*forkTrace
 	for range n {
 		tr, err := traceFork(ctx, env, lf, parent.ID, res.Snapshot)
@@ -309,6 +313,9 @@ func (bd *breakdown) print(w io.Writer, fl *floors) {
 	fmt.Fprintf(w, "  %-60s %s %s\n", "of which restore (task create -> running, as restore_1)", ms(report.Median(bd.restores)), ms(report.Max(bd.restores)))
 	fmt.Fprintf(w, "  CRIU's kernel-feature cache: %s; tmpfs contents untarred: %d mounts, %s ms (median)\n",
 		bd.kdat, bd.tmpfs, strings.TrimSpace(ms(report.Median(bd.tmpfsDur))))
+	if bd.fresh != nil {
+		bd.fresh.print(w)
+	}
 	if fl != nil {
 		fl.print(w)
 	}
@@ -454,4 +461,138 @@ func runCmd(dir, name string, args ...string) ([]byte, error) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	return cmd.CombinedOutput()
+}
+
+// freshPhases names the phases of a fresh task's start.
+var freshPhases = []string{
+	"client -> containerd task create",
+	"shim start (containerd runs `shim start`, the shim serves)",
+	"task create (the shim's Create: runc create, hooks)",
+	"task start (runc start)",
+}
+
+// freshBreakdown is, per runtime, the phases of fresh busybox starts
+// (medians), and for lazyfork.v1 its prepare and runc create (the shim's own
+// figures, medians).
+type freshBreakdown struct {
+	runtimes  []string
+	median    map[string][]time.Duration
+	totals    map[string][]time.Duration
+	prepare   []time.Duration
+	runcCreat []time.Duration
+}
+
+var (
+	prepareRE    = regexp.MustCompile(` prepare=([0-9.]+[a-zµ]+)`)
+	runcCreateRE = regexp.MustCompile(` runc_create=([0-9.]+[a-zµ]+)`)
+)
+
+// traceFresh starts n fresh busybox tasks on each runtime (alternating, after
+// one warm-up each) in env's debug-logging containerd and splits them.
+func traceFresh(ctx context.Context, env *ctrbench.Env, n int) (*freshBreakdown, error) {
+	h := env.H
+	img, err := h.ImportImage(ctx, "busybox")
+	if err != nil {
+		return nil, err
+	}
+	fb := &freshBreakdown{runtimes: []string{harness.RuncRuntime, "io.containerd.lazyfork.v1"},
+		median: map[string][]time.Duration{}, totals: map[string][]time.Duration{}}
+	per := map[string][][]time.Duration{}
+	for i := range n + 1 {
+		for _, rt := range fb.runtimes {
+			id := fmt.Sprintf("fresh-%d-%s", i, strings.Split(rt, ".")[2])
+			ctr, err := h.NewContainer(ctx, id, harness.ContainerConfig{Image: img, Runtime: rt, Args: []string{"sleep", "3600"}})
+			if err != nil {
+				return nil, err
+			}
+			off := fileSize(h.LogPath)
+			t0 := time.Now()
+			task, err := h.NewTask(ctx, ctr)
+			t1 := time.Now()
+			if err == nil {
+				err = task.Start(ctx)
+			}
+			t2 := time.Now()
+			if err != nil {
+				return nil, err
+			}
+			_, _ = task.Delete(ctx, containerd.WithProcessKill)
+			_ = ctr.Delete(ctx, containerd.WithSnapshotCleanup)
+			if i == 0 {
+				continue
+			}
+			time.Sleep(100 * time.Millisecond) // containerd's log lines land a moment later
+			create, shim, line, err := freshMarks(h.LogPath, off, id)
+			if err != nil {
+				return nil, err
+			}
+			per[rt] = append(per[rt], []time.Duration{create.Sub(t0), shim.Sub(create), t1.Sub(shim), t2.Sub(t1)})
+			fb.totals[rt] = append(fb.totals[rt], t2.Sub(t0))
+			if m := prepareRE.FindStringSubmatch(line); m != nil {
+				d, _ := time.ParseDuration(m[1])
+				fb.prepare = append(fb.prepare, d)
+			}
+			if m := runcCreateRE.FindStringSubmatch(line); m != nil {
+				d, _ := time.ParseDuration(m[1])
+				fb.runcCreat = append(fb.runcCreat, d)
+			}
+		}
+	}
+	for _, rt := range fb.runtimes {
+		for p := range freshPhases {
+			var ds []time.Duration
+			for _, run := range per[rt] {
+				ds = append(ds, run[p])
+			}
+			fb.median[rt] = append(fb.median[rt], report.Median(ds))
+		}
+	}
+	return fb, nil
+}
+
+// freshMarks finds id's "creating task" and shim connection times, and the
+// shim's "lazyfork: created" line ("" for runc.v2).
+func freshMarks(logPath string, off int64, id string) (create, shim time.Time, created string, err error) {
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		return create, shim, "", err
+	}
+	if off > int64(len(b)) {
+		off = 0
+	}
+	for _, line := range strings.Split(string(b[off:]), "\n") {
+		tm, msg := logTimeRE.FindStringSubmatch(line), logMsgRE.FindStringSubmatch(line)
+		if tm == nil || msg == nil {
+			continue
+		}
+		t, perr := time.Parse(time.RFC3339Nano, tm[1])
+		if perr != nil {
+			continue
+		}
+		idm := logIDRE.FindStringSubmatch(line)
+		switch {
+		case msg[1] == "creating task" && idm != nil && strings.Trim(idm[1], `"`) == id && create.IsZero():
+			create = t
+		case msg[1] == "connecting to shim "+id && shim.IsZero():
+			shim = t
+		case msg[1] == "lazyfork: created" && idm != nil && strings.Trim(idm[1], `"`) == id:
+			created = line
+		}
+	}
+	if create.IsZero() || shim.IsZero() {
+		return create, shim, "", fmt.Errorf("containerd's log has no task create or shim connection for %s", id)
+	}
+	return create, shim, created, nil
+}
+
+func (fb *freshBreakdown) print(w io.Writer) {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%8.1f", float64(d.Microseconds())/1000) }
+	fmt.Fprintf(w, "a fresh busybox task's start, phase by phase (ms, medians; same debug-logging containerd):\n")
+	fmt.Fprintf(w, "  %-60s %8s %8s\n", "phase", "runc.v2", "lazyfork")
+	for p, name := range freshPhases {
+		fmt.Fprintf(w, "  %-60s %s %s\n", name, ms(fb.median[fb.runtimes[0]][p]), ms(fb.median[fb.runtimes[1]][p]))
+	}
+	fmt.Fprintf(w, "  %-60s %s %s\n", "total (create -> running)", ms(report.Median(fb.totals[fb.runtimes[0]])), ms(report.Median(fb.totals[fb.runtimes[1]])))
+	fmt.Fprintf(w, "  lazyfork's Create: prepare %s ms, runc create (with its hooks) %s ms (medians)\n",
+		strings.TrimSpace(ms(report.Median(fb.prepare))), strings.TrimSpace(ms(report.Median(fb.runcCreat))))
 }
