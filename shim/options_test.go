@@ -142,10 +142,22 @@ func TestSpecEdits(t *testing.T) {
 	if n != 1 || len(s.Mounts) != 2 {
 		t.Errorf("mounts %+v", s.Mounts)
 	}
-	withOvercommitHook(s, "/bin/shim", "2")
-	withOvercommitHook(s, "/bin/shim", "2")
+	// No procfs mount at /proc: the shim binary is the hook.
+	withOvercommitHook(s, "/bin/shim", "/b", "2")
+	withOvercommitHook(s, "/bin/shim", "/b", "2")
 	if len(s.Hooks.CreateContainer) != 1 || s.Hooks.CreateContainer[0].Args[3] != OvercommitFile("2") {
 		t.Errorf("hooks %+v", s.Hooks.CreateContainer)
+	}
+	// With one and mount(8): one mount run, replacing the binary's hook.
+	if mountBinary() != "" {
+		s.Mounts[0].Type = "proc"
+		s.Root = &specs.Root{Path: "rootfs"}
+		withOvercommitHook(s, "/bin/shim", "/b", "2")
+		withOvercommitHook(s, "/bin/shim", "/b", "2")
+		want := []string{"mount", "--bind", "-o", "ro,nosuid,nodev,noexec", "/b/rootfs/.lazyfork/mem/" + OvercommitFile("2"), "/b/rootfs/proc/sys/vm/overcommit_memory"}
+		if len(s.Hooks.CreateContainer) != 1 || strings.Join(s.Hooks.CreateContainer[0].Args, " ") != strings.Join(want, " ") {
+			t.Errorf("hooks %+v, want one with args %q", s.Hooks.CreateContainer, want)
+		}
 	}
 	dir := t.TempDir()
 	if err := ensureOvercommitFile(dir, "2"); err != nil {

@@ -10,7 +10,6 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/lazyfork/lazyfork/internal/atomicfile"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -86,8 +85,31 @@ func mappedRootGID(s *specs.Spec) (uint32, bool) {
 	return 0, false
 }
 
+// writeFileAtomic replaces path with data by a rename: a reader sees the old
+// file or the new one, never a torn write. Without fsync: the shim writes only
+// into bundles (containerd's runtime state, meaningless after the boot) and
+// LazyFork's tmpfs, where a sync protects nothing but costs a disk flush per
+// file where the bundles are on a disk (6-11 ms each on a loaded host; a fork
+// wrote three: its spec at shim start and at create, and its state).
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	return atomicfile.WriteFile(path, data, mode)
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after the rename
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // withMemMount bind-mounts the family's memory directory read-only at
@@ -115,8 +137,9 @@ func withMemMount(s *specs.Spec, hostDir string) {
 // withOvercommitHook adds the createContainer hook that makes
 // /proc/sys/vm/overcommit_memory read the given value. runc refuses spec mounts
 // inside /proc, so a hook, running in the container's mount namespace before
-// pivot_root, does the bind mount.
-func withOvercommitHook(s *specs.Spec, self, value string) {
+// pivot_root, does the bind mount: mount(8) where it can (overcommitMountHook),
+// else this binary.
+func withOvercommitHook(s *specs.Spec, self, bundle, value string) {
 	if s.Hooks == nil {
 		s.Hooks = &specs.Hooks{}
 	}
@@ -126,14 +149,18 @@ func withOvercommitHook(s *specs.Spec, self, value string) {
 			hooks = append(hooks, h)
 		}
 	}
-	s.Hooks.CreateContainer = append(hooks, specs.Hook{
-		Path: self,
-		Args: []string{filepath.Base(self), HookArg, "overcommit", OvercommitFile(value)},
-	})
+	h, ok := overcommitMountHook(s, bundle, value)
+	if !ok {
+		h = specs.Hook{
+			Path: self,
+			Args: []string{filepath.Base(self), HookArg, "overcommit", OvercommitFile(value)},
+		}
+	}
+	s.Hooks.CreateContainer = append(hooks, h)
 }
 
 func isOurHook(h specs.Hook) bool {
-	return len(h.Args) > 1 && h.Args[1] == HookArg
+	return len(h.Args) > 1 && h.Args[1] == HookArg || isOvercommitMountHook(h)
 }
 
 // ensureOvercommitFile writes the file the hook bind-mounts, once per family.

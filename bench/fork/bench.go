@@ -82,6 +82,19 @@ func (b *bench) memory(ctx context.Context, ctr containerd.Container) (int64, er
 	return cgroupmem.Usage(spec.Linux.CgroupsPath)
 }
 
+// shmem is the tmpfs (memory-file) bytes charged to a container's cgroup.
+func (b *bench) shmem(ctx context.Context, ctr containerd.Container) int64 {
+	spec, err := ctr.Spec(b.h.Context(ctx))
+	if err != nil {
+		return 0
+	}
+	st, err := cgroupmem.Stat(spec.Linux.CgroupsPath)
+	if err != nil {
+		return 0
+	}
+	return int64(st["shmem"])
+}
+
 func (b *bench) logIO() lfclient.ForkOpt {
 	return lfclient.WithIO(func(id string) cio.Creator { return cio.LogFile(b.h.TaskLogPath(id)) })
 }
@@ -122,6 +135,12 @@ func (b *bench) lazyfork(ctx context.Context, heapMiB int) error {
 		m.add(heapMiB, sys, "snapshot_image", float64(total), "B")
 		m.add(heapMiB, sys, "snapshot_image_pages", float64(pages), "B")
 	}
+	// The family's memory files (tmpfs), shared by the parent and every fork.
+	var memFileBytes int64
+	for _, size := range memFiles(filepath.Join(b.root, "mem", res.Family)) {
+		memFileBytes += size
+	}
+	m.add(heapMiB, sys, "memory_files", float64(memFileBytes), "B")
 
 	// n forks at once from the same snapshot.
 	t0 := time.Now()
@@ -167,6 +186,23 @@ func (b *bench) lazyfork(ctx context.Context, heapMiB int) error {
 	m.add(heapMiB, sys, "shim_processes", float64(nShims), "")
 	m.add(heapMiB, sys, "shim_rss_per_fork", float64(shims.RSS)/float64(served), "B")
 	m.add(heapMiB, sys, "shim_pss_per_fork", float64(shims.Pss)/float64(served), "B")
+	// What a user pays: each fork with its share of the shims (worst fork),
+	// and the n forks together with the memory file and the shims.
+	m.add(heapMiB, sys, "memory_per_fork_max_incl_shim_share", report.Max(mems)+float64(shims.Pss)/float64(served), "B")
+	// Memory-file pages charged to these cgroups (shmem: the parent's, whose
+	// heap moved onto the file) are counted once, as the file.
+	var sum, shmem float64
+	for _, v := range mems {
+		sum += v
+	}
+	for _, f := range forks {
+		shmem += float64(b.shmem(ctx, f.Container))
+	}
+	pm, _ := b.memory(ctx, parent.Container)
+	shmem += float64(b.shmem(ctx, parent.Container))
+	m.add(heapMiB, sys, "parent_memory_after_forks", float64(pm), "B")
+	m.add(heapMiB, sys, fmt.Sprintf("parent_%d_forks_memory_file_shims", b.nForks),
+		float64(pm)+sum+float64(memFileBytes)+float64(shims.Pss)-min(shmem, float64(memFileBytes)), "B")
 
 	// A fork of a fork: the snapshot of a fork that wrote 5 pages.
 	famDir := filepath.Join(b.root, "mem", res.Family)

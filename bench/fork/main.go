@@ -7,7 +7,10 @@
 //   - restore per fork, task create -> running, for 1 fork and for 10 at once;
 //   - a fork of a fork: its snapshot (only the pages it wrote) and its restore;
 //   - memory per fork (cgroup) right after restore and after 5 s of running and
-//     writing a page a second, and the shim processes' memory divided by the forks.
+//     writing a page a second, and the shim processes' memory divided by the forks;
+//   - the floors: a fresh busybox task's start on runc.v2 and on lazyfork.v1, and
+//     `runc run` of busybox's true;
+//   - one fork's restore phase by phase (breakdown.go), from the logs.
 //
 // It prints a table, writes bench/results/fork.csv and draws bench/results/fork.png.
 // Needs root, CRIU, containerd, runc (make deps, make images).
@@ -23,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lazyfork/lazyfork/bench/internal/ctrbench"
 	"github.com/lazyfork/lazyfork/integration/harness"
 )
 
@@ -31,12 +35,24 @@ func main() {
 	forks := flag.Int("forks", 10, "forks restored at once")
 	plainMax := flag.Int("plain-many-max", 256, "largest heap (MiB) for which plain runc restores -forks copies at once (each costs the whole heap)")
 	out := flag.String("out", "", "results directory (default: bench/results in the source tree)")
+	only := flag.Bool("breakdown-only", false, "only the floors and one fork's phases (no heap series, nothing written)")
 	flag.Parse()
+	if *only {
+		if err := runBreakdownOnly(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-fork:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*heaps, *forks, *plainMax, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-fork:", err)
 		os.Exit(1)
 	}
 }
+
+// floorRuns and breakdownForks are how many fresh starts per runtime (and
+// runc runs) and how many traced forks the floors and the breakdown take.
+const floorRuns, breakdownForks = 5, 5
 
 func run(heapList string, nForks, plainMax int, outDir string) error {
 	if os.Geteuid() != 0 {
@@ -69,6 +85,12 @@ func run(heapList string, nForks, plainMax int, outDir string) error {
 	}
 	defer b.close()
 	ctx := context.Background()
+	fmt.Fprintf(os.Stderr, "bench-fork: floors (fresh busybox on runc.v2 and lazyfork.v1, runc run)\n")
+	fl, err := measureFloors(ctx, b.env, floorRuns)
+	if err != nil {
+		return fmt.Errorf("floors: %w", err)
+	}
+	b.m.addFloors(fl)
 	for _, h := range heaps {
 		fmt.Fprintf(os.Stderr, "bench-fork: heap %d MiB: LazyFork\n", h)
 		if err := b.lazyfork(ctx, h); err != nil {
@@ -79,6 +101,12 @@ func run(heapList string, nForks, plainMax int, outDir string) error {
 			return fmt.Errorf("plain, %d MiB: %w", h, err)
 		}
 	}
+	fmt.Fprintf(os.Stderr, "bench-fork: breakdown of one fork (its own containerd, debug logs)\n")
+	bd, err := runBreakdown(ctx, bin, breakdownForks)
+	if err != nil {
+		return fmt.Errorf("breakdown: %w", err)
+	}
+	b.m.addBreakdown(bd)
 	t := b.m.table()
 	t.Print(os.Stdout)
 	csvPath := filepath.Join(outDir, "fork.csv")
@@ -90,7 +118,37 @@ func run(heapList string, nForks, plainMax int, outDir string) error {
 		return err
 	}
 	fmt.Printf("\nwrote %s and %s\n", csvPath, pngPath)
-	b.m.summary(os.Stdout, heaps)
+	bd.print(os.Stdout, fl)
+	b.m.summary(os.Stdout, heaps, nForks)
+	return nil
+}
+
+// runBreakdownOnly measures the floors and one fork's phases.
+func runBreakdownOnly() error {
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		return err
+	}
+	bin, cleanupBin, err := binaries(repo)
+	if err != nil {
+		return err
+	}
+	defer cleanupBin()
+	ctx := context.Background()
+	env, _, err := ctrbench.SetupLazyFork(ctx, bin)
+	if err != nil {
+		return err
+	}
+	fl, err := measureFloors(ctx, env, floorRuns)
+	env.Close()
+	if err != nil {
+		return fmt.Errorf("floors: %w", err)
+	}
+	bd, err := runBreakdown(ctx, bin, breakdownForks)
+	if err != nil {
+		return fmt.Errorf("breakdown: %w", err)
+	}
+	bd.print(os.Stdout, fl)
 	return nil
 }
 

@@ -60,8 +60,30 @@ func human(v float64, unit string) string {
 	return strconv.FormatFloat(v, 'g', 6, 64)
 }
 
+// addFloors records the floors (heap 0, system "floor").
+func (r *results) addFloors(fl *floors) {
+	for _, x := range []struct {
+		name string
+		ds   []time.Duration
+	}{{"runc_run", fl.runcRun}, {"runcv2_start", fl.runcV2}, {"lazyfork_fresh_start", fl.lazyforkF}} {
+		r.addDur(0, "floor", x.name+"_median", report.Median(x.ds))
+		r.addDur(0, "floor", x.name+"_max", report.Max(x.ds))
+	}
+}
+
+// addBreakdown records the breakdown's phases (heap 64, system "breakdown").
+func (r *results) addBreakdown(bd *breakdown) {
+	for i, name := range breakdownPhases {
+		r.addDur(64, "breakdown", "phase_"+strconv.Itoa(i+1)+"_median: "+name, bd.median[i])
+	}
+	r.addDur(64, "breakdown", "total_median", report.Median(bd.totals))
+	r.addDur(64, "breakdown", "total_max", report.Max(bd.totals))
+	r.addDur(64, "breakdown", "restore_median", report.Median(bd.restores))
+	r.addDur(64, "breakdown", "restore_max", report.Max(bd.restores))
+}
+
 // summary checks the issue's targets against the figures.
-func (r *results) summary(w io.Writer, heaps []int) {
+func (r *results) summary(w io.Writer, heaps []int, nForks int) {
 	fmt.Fprintln(w, "\ntargets:")
 	lo, hi := heaps[0], heaps[len(heaps)-1]
 	check := func(name string, ok bool, detail string) {
@@ -88,6 +110,27 @@ func (r *results) summary(w io.Writer, heaps []int) {
 		check("a fork of a fork's snapshot flat in heap size", ff2 <= 1.3*ff1+1<<20,
 			fmt.Sprintf("%.2f MB at %d MiB, %.2f MB at %d MiB", ff1/1e6, lo, ff2/1e6, hi))
 	}
+	// Issue 12: a fork's restore in 40 ms and 0.8x a fresh runc.v2 start;
+	// a fresh LazyFork container as fast as a runc.v2 one (1.05x).
+	if v2, ok := r.get(0, "floor", "runcv2_start_median"); ok {
+		// One fork at a time (forks restored at once share 2 cores).
+		target := func(name string, v float64) {
+			check(name+" <= 40 ms and <= 0.8x runc.v2 fresh start", v <= 0.040 && v <= 0.8*v2,
+				fmt.Sprintf("%.1f ms vs %.1f ms (%.2fx)", v*1000, v2*1000, v/v2))
+		}
+		if v, ok := r.get(64, "breakdown", "restore_median"); ok {
+			target("restore of one fork, median of the breakdown's forks (64 MiB)", v)
+		}
+		for _, h := range heaps {
+			if v, ok := r.get(h, "lazyfork", "restore_1"); ok {
+				target(fmt.Sprintf("restore_1 at %d MiB", h), v)
+			}
+		}
+		if f, ok := r.get(0, "floor", "lazyfork_fresh_start_median"); ok {
+			check("fresh lazyfork.v1 start <= 1.05x runc.v2", f <= 1.05*v2,
+				fmt.Sprintf("%.1f ms vs %.1f ms (%.2fx)", f*1000, v2*1000, f/v2))
+		}
+	}
 	var worst float64
 	for _, h := range heaps {
 		for _, k := range []string{"memory_after_restore_1", "memory_after_restore_max"} {
@@ -97,6 +140,15 @@ func (r *results) summary(w io.Writer, heaps []int) {
 		}
 	}
 	check("memory per fork (cgroup) right after restore under 2 MB", worst < 2e6, fmt.Sprintf("worst %.2f MB", worst/1e6))
+	for _, h := range heaps {
+		if v, ok := r.get(h, "lazyfork", "memory_per_fork_max_incl_shim_share"); ok {
+			check(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s)", nForks, h), v <= 1.5e6,
+				fmt.Sprintf("%.2f MB", v/1e6))
+		}
+		if v, ok := r.get(h, "lazyfork", fmt.Sprintf("parent_%d_forks_memory_file_shims", nForks)); ok {
+			fmt.Fprintf(w, "  info parent + %d forks + memory file + shims at %d MiB: %.0f MB\n", nForks, h, v/1e6)
+		}
+	}
 	var parts []string
 	for _, h := range heaps {
 		if v, ok := r.get(h, "lazyfork", "shim_rss_per_fork"); ok {

@@ -62,11 +62,19 @@ func Setup(ctx context.Context, opts harness.Options, snapshotter string) (*Env,
 // a private LazyFork root (a tmpfs they mount), and lf is a LazyFork client
 // on it. Close removes the root too.
 func SetupLazyFork(ctx context.Context, bin string) (_ *Env, lf *lfclient.Client, retErr error) {
+	return SetupLazyForkWith(ctx, bin, harness.Options{})
+}
+
+// SetupLazyForkWith is SetupLazyFork with harness options (e.g. Debug, or
+// more environment for the shims).
+func SetupLazyForkWith(ctx context.Context, bin string, opts harness.Options) (_ *Env, lf *lfclient.Client, retErr error) {
 	root, err := os.MkdirTemp("/tmp", "lfb-")
 	if err != nil {
 		return nil, nil, err
 	}
-	e, err := Setup(ctx, harness.Options{BinDirs: []string{bin}, Env: []string{"LAZYFORK_ROOT=" + root}}, "")
+	opts.BinDirs = append(opts.BinDirs, bin)
+	opts.Env = append(opts.Env, "LAZYFORK_ROOT="+root)
+	e, err := Setup(ctx, opts, "")
 	if err != nil {
 		return nil, nil, errors.Join(err, harness.RemoveLazyForkRoot(root))
 	}
