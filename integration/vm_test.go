@@ -290,6 +290,12 @@ func TestCLIThroughForwardedSockets(t *testing.T) {
 	if out, err := lfIn(big, "exec", grand, "--", "python3", "-c", "import sys; d = sys.stdin.read(); print(len(d), d.count('fork me'))"); err != nil || strings.TrimSpace(out) != "160000 20000" {
 		t.Errorf("exec with stdin: %q %v", out, err)
 	}
+	// A consumer that stalls for seconds loses nothing (the relay's flow
+	// control; ttrpc alone drops a stream whose reader falls behind).
+	slow := fmt.Sprintf("lazyfork -n %s exec %s -- python3 -c \"import sys; sys.stdout.write('y' * (8 << 20))\" | (sleep 3; wc -c)", e.Namespace, grand)
+	if out, err := m.run(t, 2*time.Minute, "", "sh", "-c", slow); err != nil || strings.TrimSpace(out) != "8388608" {
+		t.Errorf("exec into a slow reader: %q %v", out, err)
+	}
 	if out, err := lfIn("", "exec", grand, "--", "sh", "-c", "echo to-stderr >&2; exit 7"); err == nil || !strings.Contains(err.Error(), "to-stderr") || !strings.Contains(err.Error(), "exit status 7") {
 		t.Errorf("exec's stderr and exit status: %q %v", out, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -31,22 +32,71 @@ type StdioService struct {
 
 var _ pb.StdioService = (*StdioService)(nil)
 
-// relayChunk is the size of the output messages.
+// relayChunk is the most data one message carries.
 const relayChunk = 32 << 10
+
+// Flow control: a side sends at most relayWindow data messages the other
+// has not acknowledged, and acknowledges every relayAck it has passed on.
+// ttrpc buffers 64 messages per stream and closes a stream whose reader
+// stays that far behind for a second (ErrStreamFull); data, acks and the
+// rest stay well under it.
+const (
+	relayWindow = 32
+	relayAck    = 8
+)
+
+// credits is a window of messages a sender may still send.
+type credits struct {
+	c    chan struct{}
+	stop <-chan struct{}
+}
+
+func newCredits(stop <-chan struct{}) *credits {
+	c := &credits{c: make(chan struct{}, relayWindow), stop: stop}
+	for range relayWindow {
+		c.c <- struct{}{}
+	}
+	return c
+}
+
+// take waits for a credit; false once stop closes.
+func (c *credits) take() bool {
+	select {
+	case <-c.c:
+		return true
+	case <-c.stop:
+		return false
+	}
+}
+
+// give returns n credits.
+func (c *credits) give(n uint32) {
+	for range n {
+		select {
+		case c.c <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // streamWriter sends what it is given as output of fd.
 type streamWriter struct {
-	mu  *sync.Mutex
-	srv pb.Stdio_RelayServer
-	fd  int32
+	mu     *sync.Mutex
+	srv    pb.Stdio_RelayServer
+	fd     int32
+	credit *credits
 }
 
 func (w *streamWriter) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	for n := 0; n < len(b); {
+		if !w.credit.take() {
+			return n, io.ErrClosedPipe
+		}
 		m := min(len(b)-n, relayChunk)
-		if err := w.srv.Send(&pb.StdioResponse{Fd: w.fd, Data: append([]byte(nil), b[n:n+m]...)}); err != nil {
+		w.mu.Lock()
+		err := w.srv.Send(&pb.StdioResponse{Fd: w.fd, Data: append([]byte(nil), b[n:n+m]...)})
+		w.mu.Unlock()
+		if err != nil {
 			return n, err
 		}
 		n += m
@@ -54,9 +104,25 @@ func (w *streamWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// eofReader closes done when its reader ends: cio's copy into the stdin
+// fifo has written everything before it reads the end.
+type eofReader struct {
+	r    io.Reader
+	once sync.Once
+	done chan struct{}
+}
+
+func (e *eofReader) Read(b []byte) (int, error) {
+	n, err := e.r.Read(b)
+	if err != nil {
+		e.once.Do(func() { close(e.done) })
+	}
+	return n, err
+}
+
 // Relay makes the fifos the first request asks for, names them, then
-// copies stdin in and the output out until the outputs end or the client
-// goes.
+// copies stdin in and the output out. It ends once both the output and
+// stdin have ended, or when the client closes or goes.
 func (s *StdioService) Relay(ctx context.Context, srv pb.Stdio_RelayServer) error {
 	req, err := srv.Recv()
 	if err != nil {
@@ -69,21 +135,40 @@ func (s *StdioService) Relay(ctx context.Context, srv pb.Stdio_RelayServer) erro
 	if dir == "" {
 		dir = defaults.DefaultFIFODir
 	}
-	var mu sync.Mutex
-	var stdinR *io.PipeReader
+	var mu sync.Mutex // serializes Send
+	send := func(m *pb.StdioResponse) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return srv.Send(m)
+	}
+	stop := make(chan struct{})
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }) }
+	defer halt()
+	credit := newCredits(stop)
+
+	// stdin: messages queue (never more than the client's window) for a
+	// writer into the pipe cio copies into the fifo, so that reading the
+	// stream never waits for the process.
+	stdinDone := make(chan struct{})
 	var stdinW *io.PipeWriter
+	var queue chan *pb.StdioRequest
 	opts := []cio.Opt{cio.WithFIFODir(dir)}
 	var in io.Reader
 	var out, errw io.Writer
 	if req.Stdin {
+		var stdinR *io.PipeReader
 		stdinR, stdinW = io.Pipe()
-		in = stdinR
+		in = &eofReader{r: stdinR, done: stdinDone}
+		queue = make(chan *pb.StdioRequest, 2*relayWindow)
+	} else {
+		close(stdinDone)
 	}
 	if req.Stdout {
-		out = &streamWriter{mu: &mu, srv: srv, fd: 1}
+		out = &streamWriter{mu: &mu, srv: srv, fd: 1, credit: credit}
 	}
 	if req.Stderr && !req.Terminal {
-		errw = &streamWriter{mu: &mu, srv: srv, fd: 2}
+		errw = &streamWriter{mu: &mu, srv: srv, fd: 2, credit: credit}
 	}
 	opts = append(opts, cio.WithStreams(in, out, errw))
 	if req.Terminal {
@@ -98,10 +183,7 @@ func (s *StdioService) Relay(ctx context.Context, srv pb.Stdio_RelayServer) erro
 	}
 	defer pio.Close() // closes the fifos, removes their directory
 	cfg := pio.Config()
-	mu.Lock()
-	err = srv.Send(&pb.StdioResponse{Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr})
-	mu.Unlock()
-	if err != nil {
+	if err := send(&pb.StdioResponse{Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr}); err != nil {
 		pio.Cancel()
 		if stdinW != nil {
 			stdinW.CloseWithError(err)
@@ -109,27 +191,50 @@ func (s *StdioService) Relay(ctx context.Context, srv pb.Stdio_RelayServer) erro
 		return err
 	}
 
+	if queue != nil {
+		go func() {
+			var passed uint32
+			for m := range queue {
+				if m == nil { // close_stdin
+					stdinW.Close()
+					return
+				}
+				if _, err := stdinW.Write(m.Data); err != nil {
+					return // the process's stdin is gone; the rest is dropped
+				}
+				if passed++; passed == relayAck {
+					if send(&pb.StdioResponse{Ack: passed}) != nil {
+						return
+					}
+					passed = 0
+				}
+			}
+		}()
+	}
 	gone := make(chan struct{})
 	go func() {
 		defer close(gone)
+		closed := false
 		for {
 			m, err := srv.Recv()
 			if err != nil {
-				if stdinW != nil {
-					stdinW.CloseWithError(io.ErrClosedPipe)
-				}
 				return
 			}
-			if stdinW == nil {
+			credit.give(m.Ack)
+			if queue == nil || closed {
 				continue
 			}
 			if len(m.Data) > 0 {
-				if _, err := stdinW.Write(m.Data); err != nil {
-					log.G(ctx).WithError(err).Debugf("stdio relay of %s: stdin", req.Id)
+				select {
+				case queue <- m:
+				default: // past the window: the client ignores acks
+					log.G(ctx).Warnf("stdio relay of %s: the client overran its window; stdin closed", req.Id)
+					m.CloseStdin = true
 				}
 			}
 			if m.CloseStdin {
-				stdinW.Close()
+				closed = true
+				queue <- nil
 			}
 		}
 	}()
@@ -137,12 +242,24 @@ func (s *StdioService) Relay(ctx context.Context, srv pb.Stdio_RelayServer) erro
 	go func() { pio.Wait(); close(done) }()
 	select {
 	case <-done:
-		return nil
+		if send(&pb.StdioResponse{OutputEnd: true}) == nil {
+			select {
+			case <-stdinDone:
+				return nil
+			case <-gone:
+			case <-ctx.Done():
+			}
+		}
 	case <-gone:
 	case <-ctx.Done():
 	}
-	// The client went away: stop copying (the process, if any, sees its
-	// fifos close as it would with a local client's).
+	// The client closed or went away (its process exited, or it gave up):
+	// stop copying; the process, if any, sees its fifos close as it would
+	// with a local client's.
+	halt()
+	if stdinW != nil {
+		stdinW.CloseWithError(io.ErrClosedPipe)
+	}
 	pio.Cancel()
 	<-done
 	return nil
@@ -178,8 +295,10 @@ func (r *Remote) IO(stdin io.Reader, stdout, stderr io.Writer, terminal bool) ci
 			}
 			return nil, fmt.Errorf("stdio of %s through the LazyFork API at %s: %w", id, r.socket, err)
 		}
-		rio := &relayIO{cfg: cio.Config{Stdin: m.Stdin, Stdout: m.Stdout, Stderr: m.Stderr, Terminal: terminal}, st: st, cancel: cancel}
-		rio.wg.Add(1)
+		rio := &relayIO{cfg: cio.Config{Stdin: m.Stdin, Stdout: m.Stdout, Stderr: m.Stderr, Terminal: terminal}, st: st, cancel: cancel,
+			halt: make(chan struct{})}
+		rio.credit = newCredits(rio.halt)
+		rio.outputEnd, rio.recvDone = make(chan struct{}), make(chan struct{})
 		go rio.output(stdout, stderr)
 		if stdin != nil {
 			go rio.input(stdin)
@@ -206,17 +325,26 @@ type relayIO struct {
 	cfg    cio.Config
 	st     pb.Stdio_RelayClient
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	sendMu sync.Mutex
-	once   sync.Once
+	// outputEnd closes when the output has been written out.
+	outputEnd chan struct{}
+	endOnce   sync.Once
+	// recvDone closes when the node has ended the stream.
+	recvDone chan struct{}
+	sendMu   sync.Mutex
+	once     sync.Once
 	// ended: the node ended the relay (nothing to close on its side).
 	ended atomic.Bool
+	// credit: stdin messages the node may still take; halt ends waits.
+	credit *credits
+	halt   chan struct{}
 }
 
 func (r *relayIO) Config() cio.Config { return r.cfg }
 
-// Wait waits until the output has been copied (the node ended the relay).
-func (r *relayIO) Wait() { r.wg.Wait() }
+// Wait waits until the output has been copied.
+func (r *relayIO) Wait() { <-r.outputEnd }
+
+func (r *relayIO) endOutput() { r.endOnce.Do(func() { close(r.outputEnd) }) }
 
 // Cancel stops the relay.
 func (r *relayIO) Cancel() { r.stop() }
@@ -227,19 +355,28 @@ func (r *relayIO) Close() error {
 	return nil
 }
 
+// stop closes the client's side and waits (briefly) for the node to end
+// the stream, so that it is not cut mid-answer.
 func (r *relayIO) stop() {
 	r.once.Do(func() {
+		close(r.halt)
 		if !r.ended.Load() {
 			r.sendMu.Lock()
 			_ = r.st.CloseSend()
 			r.sendMu.Unlock()
+			select {
+			case <-r.recvDone:
+			case <-time.After(2 * time.Second):
+			}
 		}
 		r.cancel()
 	})
 }
 
 func (r *relayIO) output(stdout, stderr io.Writer) {
-	defer r.wg.Done()
+	defer close(r.recvDone)
+	defer r.endOutput()
+	var written uint32
 	for {
 		m, err := r.st.Recv()
 		if err != nil {
@@ -249,14 +386,25 @@ func (r *relayIO) output(stdout, stderr io.Writer) {
 			}
 			return
 		}
+		r.credit.give(m.Ack)
+		if m.OutputEnd {
+			r.endOutput()
+		}
+		if len(m.Data) == 0 {
+			continue
+		}
 		w := stdout
 		if m.Fd == 2 {
 			w = stderr
 		}
-		if w != nil && len(m.Data) > 0 {
+		if w != nil {
 			if _, err := w.Write(m.Data); err != nil {
 				log.L.WithError(err).Debug("lazyfork: write relayed output")
 			}
+		}
+		if written++; written == relayAck {
+			_ = r.send(&pb.StdioRequest{Ack: written})
+			written = 0
 		}
 	}
 }
@@ -275,6 +423,9 @@ func (r *relayIO) input(stdin io.Reader) {
 	for {
 		n, err := stdin.Read(buf)
 		if n > 0 {
+			if !r.credit.take() {
+				return
+			}
 			if serr := r.send(&pb.StdioRequest{Data: append([]byte(nil), buf[:n]...)}); serr != nil {
 				return
 			}

@@ -175,3 +175,99 @@ func TestStdioRelayNoServer(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// slowWriter blocks its first write for a while: a consumer (a pager, a
+// slow pipe) that does not read.
+type slowWriter struct {
+	syncBuffer
+	once sync.Once
+}
+
+func (s *slowWriter) Write(p []byte) (int, error) {
+	s.once.Do(func() { time.Sleep(2500 * time.Millisecond) })
+	return s.syncBuffer.Write(p)
+}
+
+// TestStdioRelaySlowEnds: a consumer of the output that stalls for
+// seconds, and a process that reads its stdin only seconds later, lose
+// nothing: the relay holds back rather than overrun ttrpc's stream buffers
+// (which close a stream whose reader falls 64 messages behind for a second).
+func TestStdioRelaySlowEnds(t *testing.T) {
+	sock, fifoDir := serveStdio(t)
+	r := NewRemote(sock)
+	defer r.Close()
+	const size = 8 << 20
+	in := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+	out := &slowWriter{}
+	pio, err := r.IO(bytes.NewReader(in), out, io.Discard, false)("slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := pio.Config()
+	got := make(chan []byte, 1)
+	go func() {
+		time.Sleep(2500 * time.Millisecond) // the process reads late
+		f, err := os.OpenFile(cfg.Stdin, os.O_RDONLY, 0)
+		if err != nil {
+			got <- nil
+			return
+		}
+		b, _ := io.ReadAll(f)
+		f.Close()
+		got <- b
+	}()
+	f, err := os.OpenFile(cfg.Stdout, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	ef, err := os.OpenFile(cfg.Stderr, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ef.Close()
+	pio.Wait()
+	if b := <-got; !bytes.Equal(b, in) {
+		t.Errorf("the process read %d of %d bytes of stdin", len(b), len(in))
+	}
+	if o := out.String(); o != string(in) {
+		t.Errorf("relayed %d of %d bytes of output", len(o), len(in))
+	}
+	pio.Close()
+	waitEmpty(t, fifoDir)
+}
+
+// TestStdioRelayStdinUnread: a process that never reads its stdin (and
+// exits) does not hold the relay: the output ends, the client closes, the
+// node removes the fifos.
+func TestStdioRelayStdinUnread(t *testing.T) {
+	sock, fifoDir := serveStdio(t)
+	r := NewRemote(sock)
+	defer r.Close()
+	pr, pw := io.Pipe() // stdin that never ends
+	defer pw.Close()
+	go pw.Write(bytes.Repeat([]byte("x"), 1<<20))
+	var out syncBuffer
+	pio, err := r.IO(pr, &out, io.Discard, false)("unread")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := pio.Config()
+	for _, p := range []string{cfg.Stdout, cfg.Stderr} {
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString("bye")
+		f.Close()
+	}
+	pio.Wait()
+	pio.Close()
+	if out.String() != "bye" {
+		t.Errorf("relayed %q", out.String())
+	}
+	waitEmpty(t, fifoDir)
+}

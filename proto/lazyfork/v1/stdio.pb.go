@@ -31,8 +31,10 @@ type StdioRequest struct {
 	Stdout   bool   `protobuf:"varint,4,opt,name=stdout,proto3" json:"stdout,omitempty"`
 	Stderr   bool   `protobuf:"varint,5,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	// Later requests: stdin's bytes; close_stdin at its end.
-	Data          []byte `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
-	CloseStdin    bool   `protobuf:"varint,7,opt,name=close_stdin,json=closeStdin,proto3" json:"close_stdin,omitempty"`
+	Data       []byte `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	CloseStdin bool   `protobuf:"varint,7,opt,name=close_stdin,json=closeStdin,proto3" json:"close_stdin,omitempty"`
+	// Output messages the client has written out since its last ack.
+	Ack           uint32 `protobuf:"varint,8,opt,name=ack,proto3" json:"ack,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -116,6 +118,13 @@ func (x *StdioRequest) GetCloseStdin() bool {
 	return false
 }
 
+func (x *StdioRequest) GetAck() uint32 {
+	if x != nil {
+		return x.Ack
+	}
+	return 0
+}
+
 type StdioResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The first response: the fifos' paths on the node ("" for a stream
@@ -124,8 +133,13 @@ type StdioResponse struct {
 	Stdout string `protobuf:"bytes,2,opt,name=stdout,proto3" json:"stdout,omitempty"`
 	Stderr string `protobuf:"bytes,3,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	// Later responses: output of fd 1 (stdout) or 2 (stderr).
-	Fd            int32  `protobuf:"varint,4,opt,name=fd,proto3" json:"fd,omitempty"`
-	Data          []byte `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	Fd   int32  `protobuf:"varint,4,opt,name=fd,proto3" json:"fd,omitempty"`
+	Data []byte `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	// Stdin messages the server has passed on since its last ack.
+	Ack uint32 `protobuf:"varint,6,opt,name=ack,proto3" json:"ack,omitempty"`
+	// The output has ended (the client's cio Wait returns); stdin is still
+	// relayed until it ends or the client closes.
+	OutputEnd     bool `protobuf:"varint,7,opt,name=output_end,json=outputEnd,proto3" json:"output_end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -195,11 +209,25 @@ func (x *StdioResponse) GetData() []byte {
 	return nil
 }
 
+func (x *StdioResponse) GetAck() uint32 {
+	if x != nil {
+		return x.Ack
+	}
+	return 0
+}
+
+func (x *StdioResponse) GetOutputEnd() bool {
+	if x != nil {
+		return x.OutputEnd
+	}
+	return false
+}
+
 var File_lazyfork_v1_stdio_proto protoreflect.FileDescriptor
 
 const file_lazyfork_v1_stdio_proto_rawDesc = "" +
 	"\n" +
-	"\x17lazyfork/v1/stdio.proto\x12\vlazyfork.v1\"\xb5\x01\n" +
+	"\x17lazyfork/v1/stdio.proto\x12\vlazyfork.v1\"\xc7\x01\n" +
 	"\fStdioRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bterminal\x18\x02 \x01(\bR\bterminal\x12\x14\n" +
@@ -208,13 +236,17 @@ const file_lazyfork_v1_stdio_proto_rawDesc = "" +
 	"\x06stderr\x18\x05 \x01(\bR\x06stderr\x12\x12\n" +
 	"\x04data\x18\x06 \x01(\fR\x04data\x12\x1f\n" +
 	"\vclose_stdin\x18\a \x01(\bR\n" +
-	"closeStdin\"y\n" +
+	"closeStdin\x12\x10\n" +
+	"\x03ack\x18\b \x01(\rR\x03ack\"\xaa\x01\n" +
 	"\rStdioResponse\x12\x14\n" +
 	"\x05stdin\x18\x01 \x01(\tR\x05stdin\x12\x16\n" +
 	"\x06stdout\x18\x02 \x01(\tR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\x03 \x01(\tR\x06stderr\x12\x0e\n" +
 	"\x02fd\x18\x04 \x01(\x05R\x02fd\x12\x12\n" +
-	"\x04data\x18\x05 \x01(\fR\x04data2K\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\x12\x10\n" +
+	"\x03ack\x18\x06 \x01(\rR\x03ack\x12\x1d\n" +
+	"\n" +
+	"output_end\x18\a \x01(\bR\toutputEnd2K\n" +
 	"\x05Stdio\x12B\n" +
 	"\x05Relay\x12\x19.lazyfork.v1.StdioRequest\x1a\x1a.lazyfork.v1.StdioResponse(\x010\x01B;Z9github.com/lazyfork/lazyfork/proto/lazyfork/v1;lazyforkv1b\x06proto3"
 
