@@ -102,6 +102,12 @@ func TestCLIThroughForwardedSockets(t *testing.T) {
 		t.Fatal(err)
 	}
 	pyRef, _ := harness.ImageRef("python")
+	if _, err := e.ImportImage(ctx, "busybox", harness.WithSnapshotter(snapclient.SnapshotterName)); err != nil {
+		t.Fatal(err)
+	}
+	busyRef, _ := harness.ImageRef("busybox")
+	const userRef = "localhost/lazyfork/busybox-user:latest"
+	userImage(t, ctx, e.Client(), busyRef, userRef, snapclient.SnapshotterName)
 	cdVersion, err := e.Client().Version(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -308,6 +314,16 @@ func TestCLIThroughForwardedSockets(t *testing.T) {
 			t.Errorf("exec -t: %q %v", out, err)
 		}
 	}
+
+	// create looks the image's user up in its /etc/passwd and /etc/group,
+	// read from its layers through containerd (containerd's client would
+	// mount the rootfs on this host).
+	lf("create", "--name", "user", userRef, "--", "sleep", "600")
+	if out := strings.TrimSpace(lf("exec", "user", "--", "id")); !strings.HasPrefix(out, "uid=1234(app) gid=1234(app) groups=") ||
+		!strings.Contains(out, "777(extra)") || !strings.Contains(out, "1234(app)") {
+		t.Errorf("id in a container of an image whose user is app: %q", out)
+	}
+	lf("delete", "-f", "user")
 
 	// logs, attach (-f until the container goes).
 	if out := lf("attach", ids[1], "--follow=false"); !strings.Contains(out, "tick ") {
