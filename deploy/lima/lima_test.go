@@ -2,12 +2,14 @@ package lima
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 
@@ -144,7 +146,8 @@ func checkVars(t *testing.T, field, s string, allowed []string, params map[strin
 	}
 }
 
-// TestTemplateFormat checks lazyfork.yaml against Lima's documented format:
+// TestTemplateFormat checks lazyfork.yaml against Lima's documented format and
+// the rules its validation (pkg/limayaml/validate.go) applies:
 // known fields and types, values from the documented sets, the template
 // variables each field may use, params that are declared and well named,
 // probes that start with #!, and scripts that bash can parse.
@@ -184,24 +187,67 @@ func TestTemplateFormat(t *testing.T) {
 		t.Errorf("minimumLimaVersion %v: want a version (param needs Lima 1.1)", c.MinimumLimaVersion)
 	}
 	paramKey := regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]*$`)
-	for k := range c.Param {
+	for k, v := range c.Param {
 		if !paramKey.MatchString(k) {
 			t.Errorf("param %q: Lima's keys start with a letter, then letters, digits, underscores", k)
 		}
+		for _, r := range v {
+			if !unicode.IsPrint(r) && r != ' ' && r != '\t' {
+				t.Errorf("param %s: Lima refuses the unprintable %q", k, r)
+			}
+		}
+		// Lima's validation: every key is used in a provision or probe
+		// script, a mount, a port forward or copyToHost.
+		used := regexp.MustCompile(`{{[^}]*\.Param\.` + k + `[^}]*}}|\bPARAM_` + k + `\b`)
+		ok := false
+		for _, p := range c.Provision {
+			ok = ok || used.MatchString(p.Script)
+		}
+		for _, p := range c.Probes {
+			ok = ok || used.MatchString(p.Script)
+		}
+		for _, m := range c.Mounts {
+			ok = ok || used.MatchString(m.Location) || (m.MountPoint != nil && used.MatchString(*m.MountPoint))
+		}
+		for _, f := range c.PortForwards {
+			ok = ok || used.MatchString(f.GuestSocket) || used.MatchString(f.HostSocket)
+		}
+		if !ok {
+			t.Errorf("param %s is used nowhere: Lima refuses the template", k)
+		}
+	}
+	expand := func(s string) string {
+		return templateVar.ReplaceAllStringFunc(s, func(m string) string {
+			v := templateVar.FindStringSubmatch(m)[1]
+			if p, ok := strings.CutPrefix(v, ".Param."); ok {
+				return c.Param[p]
+			}
+			return "/Users/someone/.lima/lazyfork" // {{.Dir}}, as on a Mac
+		})
 	}
 	for _, m := range c.Mounts {
 		checkVars(t, "mounts[].location", m.Location, []string{"Home", "Dir", "Name", "UID", "User"}, c.Param)
+		if loc := expand(m.Location); !strings.HasPrefix(loc, "/") && !strings.HasPrefix(loc, "~") {
+			t.Errorf("mount location %q (%q with the params' defaults): Lima wants an absolute path or ~", m.Location, loc)
+		}
 		if m.MountPoint != nil {
 			checkVars(t, "mounts[].mountPoint", *m.MountPoint, []string{"Home", "Name", "UID", "User"}, c.Param)
+			switch *m.MountPoint {
+			case "/", "/bin", "/dev", "/etc", "/home", "/opt", "/sbin", "/tmp", "/usr", "/var":
+				t.Errorf("mountPoint %s: Lima refuses system paths", *m.MountPoint)
+			}
 		}
 	}
 	if c.Containerd == nil || c.Containerd.System == nil || *c.Containerd.System || c.Containerd.User == nil || *c.Containerd.User {
 		t.Error("Lima's own containerd is not disabled (LazyFork's make deps installs containerd)")
 	}
 	for i, p := range c.Provision {
-		in("provision[].mode", p.Mode, "system", "user", "boot", "dependency", "ansible", "data")
+		if strings.TrimSpace(p.Script) == "" {
+			t.Errorf("provision[%d]: empty script (Lima refuses it)", i)
+		}
+		in("provision[].mode", p.Mode, "system", "user", "boot", "dependency", "ansible", "data", "yq")
 		checkVars(t, "provision script", p.Script, []string{"Home", "UID", "User"}, c.Param)
-		bashParses(t, "provision["+string(rune('0'+i))+"]", p.Script)
+		bashParses(t, fmt.Sprintf("provision[%d]", i), p.Script)
 	}
 	for _, p := range c.Probes {
 		in("probes[].mode", p.Mode, "readiness")
@@ -219,6 +265,13 @@ func TestTemplateFormat(t *testing.T) {
 		checkVars(t, "hostSocket", f.HostSocket, []string{"Home", "Dir", "Name", "UID", "User"}, c.Param)
 		if f.HostSocket != "" && !strings.HasPrefix(f.HostSocket, "{{.Dir}}/sock/") {
 			t.Errorf("hostSocket %s: Lima says to put sockets into {{.Dir}}/sock", f.HostSocket)
+		}
+		if f.GuestSocket != "" && !strings.HasPrefix(f.GuestSocket, "/") {
+			t.Errorf("guestSocket %s: Lima wants an absolute path", f.GuestSocket)
+		}
+		// macOS's UNIX_PATH_MAX is 104 (Lima checks it).
+		if h := expand(f.HostSocket); len(h) >= 104-20 {
+			t.Errorf("hostSocket %s is %d bytes under a typical instance directory: too close to macOS's 104", f.HostSocket, len(h))
 		}
 	}
 	if c.Message != nil {
