@@ -21,7 +21,7 @@ export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
 .PHONY: all help build install uninstall deps images test integration check demo \
 	bench-baseline bench-memfile bench-fork bench-fork-100 bench-refork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity critest \
-	proto proto-check lint clean zdtm zdtm-ci
+	proto proto-check lint clean zdtm zdtm-ci release cross-check
 
 all: build
 
@@ -67,7 +67,7 @@ integration: build ## every test, including those needing root, CRIU and a real 
 	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
 	LAZYFORK_INTEGRATION=1 LAZYFORK_BIN=$(CURDIR)/$(BINDIR) $(GO) -C bench test $(INTEGRATION_FLAGS) $(GOTESTFLAGS) ./...
 
-check: deps images lint integration critest zdtm-ci ## what CI runs: install what is missing, then every test, the CRI conformance suite and CRIU's zdtm subset
+check: deps images lint cross-check integration critest zdtm-ci ## what CI runs: install what is missing, then every test, the CRI conformance suite and CRIU's zdtm subset
 
 demo: deps images build ## the main job: a private stack, a running container forked (scripts/demo.sh)
 	bash scripts/demo.sh
@@ -123,5 +123,24 @@ lint: ## gofmt and go vet (of both modules: the repository and bench/)
 	$(GO) vet ./...
 	$(GO) -C bench vet ./...
 
+# The node's commands run on Linux amd64 only (memfile/madvguard reads amd64
+# registers); the CLI and SDK programs also build for macOS (lazyfork vm).
+RELEASEDIR := dist
+DARWIN_ARCHS := arm64 amd64
+
+release: ## linux/amd64 binaries and the macOS lazyfork CLI (darwin/arm64, darwin/amd64) into dist/<os>-<arch>/
+	@mkdir -p $(RELEASEDIR)/linux-amd64
+	GOOS=linux GOARCH=amd64 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(RELEASEDIR)/linux-amd64/ $(addprefix ./cmd/,$(COMMANDS))
+	for a in $(DARWIN_ARCHS); do \
+		mkdir -p $(RELEASEDIR)/darwin-$$a && \
+		CGO_ENABLED=0 GOOS=darwin GOARCH=$$a $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(RELEASEDIR)/darwin-$$a/lazyfork ./cmd/lazyfork || exit 1; \
+	done
+
+cross-check: ## the CLI and the Go SDK compile for macOS (darwin/arm64, darwin/amd64)
+	for a in $(DARWIN_ARCHS); do \
+		CGO_ENABLED=0 GOOS=darwin GOARCH=$$a $(GO) build -o /dev/null ./cmd/lazyfork ./client/... ./node/... ./integration/remoteclient || exit 1; \
+		CGO_ENABLED=0 GOOS=darwin GOARCH=$$a $(GO) vet ./cmd/lazyfork ./client ./node ./deploy/lima || exit 1; \
+	done
+
 clean: ## remove build outputs
-	rm -rf $(BINDIR)
+	rm -rf $(BINDIR) $(RELEASEDIR)

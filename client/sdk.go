@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -137,11 +136,7 @@ func (c *Client) Exec(ctx context.Context, id string, argv []string, stdin io.Re
 		started = make(chan containerd.Process, 1)
 		stdin = &stdinCloser{r: stdin, started: started, ctx: context.WithoutCancel(ctx)}
 	}
-	opts := []cio.Opt{cio.WithStreams(stdin, stdout, stderr)}
-	if tty {
-		opts = append(opts, cio.WithTerminal)
-	}
-	p, err := task.Exec(ctx, "exec-"+hex.EncodeToString(b), ps, cio.NewCreator(opts...))
+	p, err := task.Exec(ctx, "exec-"+hex.EncodeToString(b), ps, c.stdio(stdin, stdout, stderr, tty))
 	if err != nil {
 		if started != nil {
 			close(started)

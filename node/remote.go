@@ -332,7 +332,7 @@ func (r *Remote) ReadLog(ctx context.Context, path string, follow bool) (LogRead
 		cancel()
 		return nil, fromGRPC(err)
 	}
-	if err := st.Send(&pb.ReadLogRequest{Path: path, Follow: follow}); err != nil {
+	if err := st.Send(&pb.ReadLogRequest{Path: path, Follow: follow, Acks: true}); err != nil {
 		cancel()
 		return nil, fromGRPC(err)
 	}
@@ -345,6 +345,7 @@ type remoteLog struct {
 	cancel context.CancelFunc
 	buf    []byte
 	mu     sync.Mutex
+	read   uint32 // chunks read since the last ack
 }
 
 func (l *remoteLog) Read(b []byte) (int, error) {
@@ -357,6 +358,12 @@ func (l *remoteLog) Read(b []byte) (int, error) {
 			return 0, fromGRPC(err)
 		}
 		l.buf = m.Data
+		if l.read++; l.read == relayAck {
+			l.mu.Lock()
+			_ = l.st.Send(&pb.ReadLogRequest{Ack: l.read})
+			l.mu.Unlock()
+			l.read = 0
+		}
 	}
 	n := copy(b, l.buf)
 	l.buf = l.buf[n:]

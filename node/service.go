@@ -221,6 +221,8 @@ func (s *Service) ReadLog(ctx context.Context, srv pb.Node_ReadLogServer) error 
 		return toGRPC(err)
 	}
 	defer r.Close()
+	// With acks, at most relayWindow chunks are unacknowledged.
+	credit := newCredits(rctx.Done())
 	go func() {
 		for {
 			m, err := srv.Recv()
@@ -228,6 +230,7 @@ func (s *Service) ReadLog(ctx context.Context, srv pb.Node_ReadLogServer) error 
 				cancel() // the client went away
 				return
 			}
+			credit.give(m.Ack)
 			if m.Finish {
 				r.Finish()
 			}
@@ -237,6 +240,9 @@ func (s *Service) ReadLog(ctx context.Context, srv pb.Node_ReadLogServer) error 
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			if req.Acks && !credit.take() {
+				return nil // the client went away
+			}
 			if serr := srv.Send(&pb.LogChunk{Data: append([]byte(nil), buf[:n]...)}); serr != nil {
 				return serr
 			}

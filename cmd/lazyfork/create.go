@@ -166,16 +166,16 @@ func (a *app) create(ref, name, hookDir, sn string, cmd []string, po client.Pull
 // imageConfigRemote is oci.WithImageConfig for a client of the node API:
 // containerd's client mounts the new rootfs on its own host to read the
 // image's /etc/passwd and /etc/group, which only works on the node. Here
-// those files are read from an empty directory instead: a user named in the
-// image config must be numeric, and supplementary groups of /etc/group are
-// not added (lazyfork create on the node, with --root, adds them).
+// those two files are read from the image's layers through containerd
+// (client.WriteImageUserFiles) into an otherwise empty directory.
 func imageConfigRemote(img containerd.Image) oci.SpecOpts {
 	return func(ctx context.Context, cl oci.Client, c *containers.Container, s *oci.Spec) error {
 		empty, err := os.MkdirTemp("", "lazyfork-norootfs-")
 		if err != nil {
 			return err
 		}
-		defer os.Remove(empty)
+		defer os.RemoveAll(empty)
+		_ = client.WriteImageUserFiles(ctx, img, empty) // without them: numeric users only
 		nc := *c
 		nc.Snapshotter, nc.SnapshotKey = "", ""
 		if s.Root == nil {
@@ -185,7 +185,7 @@ func imageConfigRemote(img containerd.Image) oci.SpecOpts {
 		s.Root.Path = empty
 		defer func() { s.Root.Path = saved }()
 		if err := oci.WithImageConfig(img)(ctx, cl, &nc, s); err != nil {
-			return fmt.Errorf("image config (a client of the node API reads no /etc/passwd of the image: give a numeric user): %w", err)
+			return fmt.Errorf("image config (the user is looked up in the image's /etc/passwd, read from its layers: give a numeric user if it has none): %w", err)
 		}
 		return nil
 	}

@@ -11,11 +11,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/console"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/client"
@@ -156,7 +156,7 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 }
 
 func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	_, err := console.ConsoleFromFile(f)
 	return err == nil
 }
 

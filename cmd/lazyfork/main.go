@@ -94,13 +94,15 @@ func envOr(k, def string) string {
 }
 
 func defaultGlobals() globals {
-	return globals{
+	g := globals{
 		address:   envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"),
 		namespace: envOr("CONTAINERD_NAMESPACE", "default"),
 		root:      envOr("LAZYFORK_ROOT", api.DefaultRoot),
 		api:       os.Getenv("LAZYFORK_API"),
 		logDir:    envOr("LAZYFORK_LOG_DIR", "/var/log/lazyfork/containers"),
 	}
+	vmDefaults(&g) // lazyfork vm start's forwarded sockets, while the VM runs
+	return g
 }
 
 // addGlobals registers the global flags: persistent flags of the root
@@ -281,7 +283,7 @@ func connect(g globals, opts ...containerd.Opt) (*containerd.Client, error) {
 		if errors.Is(err, os.ErrPermission) {
 			return nil, permissionDenied(g.address, err)
 		}
-		return nil, fmt.Errorf("no containerd at %s (%w): start it, or run lazyfork setup", g.address, err)
+		return nil, fmt.Errorf("no containerd at %s (%w): %s", g.address, err, stackHint())
 	}
 	cd, err := containerd.New(g.address, append([]containerd.Opt{containerd.WithDefaultNamespace(g.namespace)}, opts...)...)
 	if err != nil {

@@ -64,6 +64,8 @@ func New(ctx context.Context, cfg Config, version string) (*Server, error) {
 	lazyforkv1.RegisterSnapshotterService(s.ttrpc, &snapshotter.Service{S: sn, Version: version})
 	// The node API: what clients need of LazyFork's root (package node).
 	lazyforkv1.RegisterNodeService(s.ttrpc, &node.Service{N: node.NewLocal(cfg.LazyForkRoot)})
+	// Processes' stdio for clients that share no fifo directory with the shim.
+	lazyforkv1.RegisterStdioService(s.ttrpc, &node.StdioService{})
 
 	for _, a := range []string{cfg.Address, cfg.ttrpcAddress()} {
 		l, err := listen(ctx, a)

@@ -1633,7 +1633,12 @@ type ReadLogRequest struct {
 	Path   string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	Follow bool   `protobuf:"varint,2,opt,name=follow,proto3" json:"follow,omitempty"`
 	// finish: send the rest up to the end of the file, then end.
-	Finish        bool `protobuf:"varint,3,opt,name=finish,proto3" json:"finish,omitempty"`
+	Finish bool `protobuf:"varint,3,opt,name=finish,proto3" json:"finish,omitempty"`
+	// acks (first message): the client acknowledges the chunks it has
+	// read (ack), and the server keeps at most 32 unacknowledged (ttrpc
+	// drops a stream whose reader falls 64 messages behind for a second).
+	Acks          bool   `protobuf:"varint,4,opt,name=acks,proto3" json:"acks,omitempty"`
+	Ack           uint32 `protobuf:"varint,5,opt,name=ack,proto3" json:"ack,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1687,6 +1692,20 @@ func (x *ReadLogRequest) GetFinish() bool {
 		return x.Finish
 	}
 	return false
+}
+
+func (x *ReadLogRequest) GetAcks() bool {
+	if x != nil {
+		return x.Acks
+	}
+	return false
+}
+
+func (x *ReadLogRequest) GetAck() uint32 {
+	if x != nil {
+		return x.Ack
+	}
+	return 0
 }
 
 type LogChunk struct {
@@ -1982,11 +2001,13 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\x05names\x18\x01 \x03(\tR\x05names\"=\n" +
 	"\x0fStatLogResponse\x12\x16\n" +
 	"\x06exists\x18\x01 \x01(\bR\x06exists\x12\x12\n" +
-	"\x04fifo\x18\x02 \x01(\bR\x04fifo\"T\n" +
+	"\x04fifo\x18\x02 \x01(\bR\x04fifo\"z\n" +
 	"\x0eReadLogRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\x16\n" +
-	"\x06finish\x18\x03 \x01(\bR\x06finish\"\x1e\n" +
+	"\x06finish\x18\x03 \x01(\bR\x06finish\x12\x12\n" +
+	"\x04acks\x18\x04 \x01(\bR\x04acks\x12\x10\n" +
+	"\x03ack\x18\x05 \x01(\rR\x03ack\"\x1e\n" +
 	"\bLogChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"8\n" +
 	"\fUsageRequest\x12\x10\n" +

@@ -1,0 +1,61 @@
+//go:build linux
+
+package node
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+
+	pb "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
+)
+
+// TestReadLogSlowReader: a reader of a large log that stalls for seconds
+// (lazyfork logs NAME | less) gets all of it through the API: the server
+// keeps within the reader's window instead of overrunning ttrpc's stream
+// buffer (which cut such a read at about 4 MiB with "stream buffer full").
+func TestReadLogSlowReader(t *testing.T) {
+	dir := t.TempDir()
+	logp := filepath.Join(dir, "big.log")
+	want := bytes.Repeat([]byte("0123456789abcdef"), 1<<20) // 16 MiB
+	if err := os.WriteFile(logp, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb.RegisterNodeService(srv, &Service{N: NewLocal(filepath.Join(dir, "root"))})
+	l, err := net.Listen("unix", filepath.Join(dir, "api.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(context.Background(), l)
+	defer srv.Close()
+	r := NewRemote(filepath.Join(dir, "api.sock"))
+	defer r.Close()
+	lr, err := r.ReadLog(context.Background(), logp, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lr.Close()
+	first := make([]byte, 100)
+	if _, err := io.ReadFull(lr, first); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	rest, err := io.ReadAll(lr)
+	if err != nil {
+		t.Fatalf("after a stall: %v (read %d)", err, 100+len(rest))
+	}
+	if got := append(first, rest...); !bytes.Equal(got, want) {
+		t.Errorf("read %d of %d bytes", len(got), len(want))
+	}
+}
