@@ -33,3 +33,17 @@ func withSnapshotHint(err error) error {
 	}
 	return errgrpc.ToGRPC(fmt.Errorf("%w (%s)", errgrpc.ToNative(err), hintCgroupBusy))
 }
+
+// withSocketOptHint says why a dump failed on a TCP or UDP socket's options:
+// CRIU 4.1 asks every socket for SO_PASSCRED and SO_PASSSEC, which Linux 6.16
+// and later answer only for unix and netlink sockets (EOPNOTSUPP), so it
+// cannot dump a process holding an inet socket there; CRIU fixed it upstream
+// after 4.1.1 (commit 4b7398595).
+func withSocketOptHint(err error) error {
+	if err == nil || !strings.Contains(err.Error(), "Can't get 1:34 opt") && !strings.Contains(err.Error(), "Can't get 1:16 opt") {
+		return err
+	}
+	return errgrpc.ToGRPC(fmt.Errorf("%w (this CRIU cannot dump a process holding a TCP or UDP socket on Linux 6.16 or later: "+
+		"it needs CRIU after 4.1.1, with upstream commit 4b7398595 \"criu/sockets: Restrict SO_PASSCRED and SO_PASSSEC to supported families\"; "+
+		"until then, fork containers that hold no inet socket)", errgrpc.ToNative(err)))
+}

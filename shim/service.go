@@ -627,7 +627,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		if detached {
 			sup.attach(ctx)
 		}
-		return nil, withCRIULog(err, filepath.Join(ts.Bundle, "criu-dump.log"))
+		return nil, withSocketOptHint(withCRIULog(err, filepath.Join(ts.Bundle, "criu-dump.log")))
 	}
 	tDump := time.Since(t1)
 	var thawed time.Time
