@@ -37,6 +37,45 @@ func lastPurges(t *testing.T, path string) map[string]string {
 	return nil
 }
 
+// startPurgeloop runs the purgeloop program in a zero-mode LazyFork container.
+func startPurgeloop(t *testing.T, e *lfEnv, ctx context.Context, prefix string) string {
+	t.Helper()
+	bin := staticProgram(t, "memfile/madvguard/testdata/purgeloop.c")
+	img, err := e.ImportImage(ctx, "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := prefix + lfRandom(3)
+	e.run(t, ctx, img, id, []string{"/purgeloop"},
+		oci.WithMounts([]specs.Mount{{Destination: "/purgeloop", Type: "bind", Source: bin, Options: []string{"rbind", "ro"}}}),
+		oci.WithAnnotations(map[string]string{"lazyfork.io/madvise": "zero"}))
+	return id
+}
+
+// waitPurges waits until container id's purgeloop has made more purges, and
+// returns its last purges line's fields.
+func waitPurges(t *testing.T, e *lfEnv, ctx context.Context, id string, more uint64) map[string]string {
+	t.Helper()
+	path := e.TaskLogPath(id)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := harness.WaitLine(wctx, path, 0, func(l string) bool { return strings.HasPrefix(l, "purges ") }); err != nil {
+		t.Fatalf("%s: no purges line: %v", id, err)
+	}
+	start := lastPurges(t, path)
+	for {
+		kv := lastPurges(t, path)
+		if len(kv["n"]) > 0 && kv["n"] != start["n"] && atoi(kv["n"]) >= atoi(start["n"])+more {
+			return kv
+		}
+		select {
+		case <-wctx.Done():
+			t.Fatalf("%s: purges stopped at %s", id, kv["line"])
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // TestZeroModeExact: with lazyfork.io/madvise=zero, a program that purges
 // its memory all the time (memfile/madvguard/testdata/purgeloop.c) never
 // sees a purge fail, in a fork, a second fork, and a fork of a fork: not
@@ -48,36 +87,11 @@ func lastPurges(t *testing.T, path string) map[string]string {
 func TestZeroModeExact(t *testing.T) {
 	e := startLF(t, harness.Options{})
 	ctx := e.ctx(t)
-	bin := staticProgram(t, "memfile/madvguard/testdata/purgeloop.c")
-	img, err := e.ImportImage(ctx, "busybox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := "zx-" + lfRandom(3)
-	e.run(t, ctx, img, id, []string{"/purgeloop"},
-		oci.WithMounts([]specs.Mount{{Destination: "/purgeloop", Type: "bind", Source: bin, Options: []string{"rbind", "ro"}}}),
-		oci.WithAnnotations(map[string]string{"lazyfork.io/madvise": "zero"}))
+	id := startPurgeloop(t, e, ctx, "zx-")
 	lf := e.lfClient()
 	waitPurges := func(id string, more uint64) map[string]string {
 		t.Helper()
-		path := e.TaskLogPath(id)
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if _, err := harness.WaitLine(wctx, path, 0, func(l string) bool { return strings.HasPrefix(l, "purges ") }); err != nil {
-			t.Fatalf("%s: no purges line: %v", id, err)
-		}
-		start := lastPurges(t, path)
-		for {
-			kv := lastPurges(t, path)
-			if len(kv["n"]) > 0 && kv["n"] != start["n"] && atoi(kv["n"]) >= atoi(start["n"])+more {
-				return kv
-			}
-			select {
-			case <-wctx.Done():
-				t.Fatalf("%s: purges stopped at %s", id, kv["line"])
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+		return waitPurges(t, e, ctx, id, more)
 	}
 	fork := func(id string) (string, containerd.Task) {
 		t.Helper()
@@ -126,40 +140,15 @@ func TestZeroModeExact(t *testing.T) {
 func TestZeroModeExactUnpausedCheckpoint(t *testing.T) {
 	e := startLF(t, harness.Options{})
 	ctx := e.ctx(t)
-	bin := staticProgram(t, "memfile/madvguard/testdata/purgeloop.c")
-	img, err := e.ImportImage(ctx, "busybox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := "zc-" + lfRandom(3)
-	e.run(t, ctx, img, id, []string{"/purgeloop"},
-		oci.WithMounts([]specs.Mount{{Destination: "/purgeloop", Type: "bind", Source: bin, Options: []string{"rbind", "ro"}}}),
-		oci.WithAnnotations(map[string]string{"lazyfork.io/madvise": "zero"}))
+	id := startPurgeloop(t, e, ctx, "zc-")
 	res, err := e.lfClient().Fork(ctx, id, 1, e.logIO())
 	if err != nil {
 		t.Fatalf("fork %s: %v", id, err)
 	}
 	child, task := res.Forks[0].Container.ID(), res.Forks[0].Task
-	path := e.TaskLogPath(child)
 	waitN := func(more uint64) map[string]string {
 		t.Helper()
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if _, err := harness.WaitLine(wctx, path, 0, func(l string) bool { return strings.HasPrefix(l, "purges ") }); err != nil {
-			t.Fatalf("%s: no purges line: %v", child, err)
-		}
-		start := atoi(lastPurges(t, path)["n"])
-		for {
-			kv := lastPurges(t, path)
-			if atoi(kv["n"]) >= start+more {
-				return kv
-			}
-			select {
-			case <-wctx.Done():
-				t.Fatalf("%s: purges stopped at %s", child, kv["line"])
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+		return waitPurges(t, e, ctx, child, more)
 	}
 	waitN(2000)
 	if tracer(t, task.Pid()) == 0 {
