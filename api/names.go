@@ -55,3 +55,20 @@ const (
 	// memory files at each checkpoint.
 	AnnotationRehome = Prefix + "rehome"
 )
+
+// ValidName reports whether s may name a family, a view or an operation (it
+// names files and directories): 1 to 128 of A-Z a-z 0-9 _ . -, the first a
+// letter or digit.
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+		if !alnum && (i == 0 || c != '_' && c != '.' && c != '-') {
+			return false
+		}
+	}
+	return true
+}

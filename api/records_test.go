@@ -42,3 +42,16 @@ func TestRootLayout(t *testing.T) {
 		}
 	}
 }
+
+func TestValidName(t *testing.T) {
+	long := strings.Repeat("a", 128)
+	for s, want := range map[string]bool{
+		"a": true, "family-1.2_x": true, "0abc": true, long: true,
+		"": false, long + "a": false, "-a": false, ".a": false, "_a": false,
+		"a/b": false, "a b": false, "..": false, "a\x00": false, "é": false,
+	} {
+		if got := ValidName(s); got != want {
+			t.Errorf("ValidName(%q) = %v, want %v", s, got, want)
+		}
+	}
+}

@@ -14,7 +14,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -123,7 +122,7 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 	if err := identifiers.Validate(name); err != nil {
 		return nil, fail(fmt.Errorf("container name %q (choose one with --name): %w", name, err))
 	}
-	if !familyName.MatchString(name) {
+	if !api.ValidName(name) {
 		return nil, fail(fmt.Errorf("container name %q: want letters, digits, '_', '.', '-' (it names the snapshot's family too; choose one with --name): %w", name, errdefs.ErrInvalidArgument))
 	}
 	if _, err := c.cd.LoadContainer(ctx, name); err == nil {
@@ -213,7 +212,7 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 	famDir := ""
 	if snap, err := memfile.ReadSnapshot(raw); err == nil {
 		// Its files, if this host (and root) took it; looked up, not made.
-		if !familyName.MatchString(snap.Family) {
+		if !api.ValidName(snap.Family) {
 			return nil, fail(fmt.Errorf("the archive's LazyFork snapshot names a bad family %q: %w", snap.Family, errdefs.ErrInvalidArgument))
 		}
 		famDir = filepath.Join(api.Root(c.root).Mem(), snap.Family)
@@ -428,9 +427,6 @@ func claimFamily(store *memfile.Store, ns, name string) (string, error) {
 	}
 	return "", fmt.Errorf("no free family name for %s: %w", name, errdefs.ErrAlreadyExists)
 }
-
-// familyName is memfile's rule for family names.
-var familyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // tmpfsSizeFromEnv is the shim's tmpfs size (LAZYFORK_TMPFS_SIZE), 0 for the
 // kernel's default.

@@ -2,7 +2,7 @@ package criuimg
 
 import (
 	"path/filepath"
-	"regexp"
+	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
@@ -23,8 +23,40 @@ import (
 type Kind struct {
 	Name     string         // CRIU's magic name, e.g. "PAGEMAP"
 	Magic    uint32         // image magic
-	Pattern  *regexp.Regexp // file base names of this kind
+	Pattern  NamePattern // file base names of this kind
 	NewEntry NewEntry
+}
+
+// NamePattern matches the file names of one kind of image: PREFIX.img, or
+// PREFIX-ID.img with a decimal id (a task's or an object's).
+type NamePattern struct {
+	Prefix string
+	PerID  bool
+}
+
+// MatchString reports whether base is such a name.
+func (p NamePattern) MatchString(base string) bool {
+	rest, ok := strings.CutPrefix(base, p.Prefix)
+	if !ok {
+		return false
+	}
+	rest, ok = strings.CutSuffix(rest, ".img")
+	if !ok {
+		return false
+	}
+	if !p.PerID {
+		return rest == ""
+	}
+	id, ok := strings.CutPrefix(rest, "-")
+	if !ok || id == "" {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < '0' || id[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // pagemapEntries gives the head type to entry 0 and pagemap_entry to the rest.
@@ -42,20 +74,20 @@ func pagemapEntries(i int) proto.Message {
 // register the same name, and a binary that links both panics at start-up.
 // Read stats with github.com/checkpoint-restore/go-criu/v7/stats.
 var Kinds = []Kind{
-	{"INVENTORY", MagicInventory, regexp.MustCompile(`^inventory\.img$`), Of(&inventory.InventoryEntry{})},
-	{"PSTREE", MagicPstree, regexp.MustCompile(`^pstree\.img$`), Of(&pstree.PstreeEntry{})},
-	{"CORE", MagicCore, regexp.MustCompile(`^core-\d+\.img$`), Of(&criucore.CoreEntry{})},
-	{"IDS", MagicIDs, regexp.MustCompile(`^ids-\d+\.img$`), Of(&criucore.TaskKobjIdsEntry{})},
-	{"MM", MagicMM, regexp.MustCompile(`^mm-\d+\.img$`), Of(&mm.MmEntry{})},
-	{"PAGEMAP", MagicPagemap, regexp.MustCompile(`^pagemap-\d+\.img$`), pagemapEntries},
-	{"FILES", MagicFiles, regexp.MustCompile(`^files\.img$`), Of(&fdinfo.FileEntry{})},
-	{"FDINFO", MagicFdinfo, regexp.MustCompile(`^fdinfo-\d+\.img$`), Of(&fdinfo.FdinfoEntry{})},
-	{"FS", MagicFS, regexp.MustCompile(`^fs-\d+\.img$`), Of(&fs.FsEntry{})},
-	{"MNTS", MagicMnts, regexp.MustCompile(`^mountpoints-\d+\.img$`), Of(&mnt.MntEntry{})},
-	{"SECCOMP", MagicSeccomp, regexp.MustCompile(`^seccomp\.img$`), Of(&seccomp.SeccompEntry{})},
-	{"TIMENS", MagicTimens, regexp.MustCompile(`^timens-\d+\.img$`), Of(&timens.TimensEntry{})},
-	{"CREDS", MagicCreds, regexp.MustCompile(`^creds-\d+\.img$`), Of(&creds.CredsEntry{})},
-	{"TTY_INFO", MagicTTYInfo, regexp.MustCompile(`^tty-info\.img$`), Of(&tty.TtyInfoEntry{})},
+	{"INVENTORY", MagicInventory, NamePattern{Prefix: "inventory"}, Of(&inventory.InventoryEntry{})},
+	{"PSTREE", MagicPstree, NamePattern{Prefix: "pstree"}, Of(&pstree.PstreeEntry{})},
+	{"CORE", MagicCore, NamePattern{Prefix: "core", PerID: true}, Of(&criucore.CoreEntry{})},
+	{"IDS", MagicIDs, NamePattern{Prefix: "ids", PerID: true}, Of(&criucore.TaskKobjIdsEntry{})},
+	{"MM", MagicMM, NamePattern{Prefix: "mm", PerID: true}, Of(&mm.MmEntry{})},
+	{"PAGEMAP", MagicPagemap, NamePattern{Prefix: "pagemap", PerID: true}, pagemapEntries},
+	{"FILES", MagicFiles, NamePattern{Prefix: "files"}, Of(&fdinfo.FileEntry{})},
+	{"FDINFO", MagicFdinfo, NamePattern{Prefix: "fdinfo", PerID: true}, Of(&fdinfo.FdinfoEntry{})},
+	{"FS", MagicFS, NamePattern{Prefix: "fs", PerID: true}, Of(&fs.FsEntry{})},
+	{"MNTS", MagicMnts, NamePattern{Prefix: "mountpoints", PerID: true}, Of(&mnt.MntEntry{})},
+	{"SECCOMP", MagicSeccomp, NamePattern{Prefix: "seccomp"}, Of(&seccomp.SeccompEntry{})},
+	{"TIMENS", MagicTimens, NamePattern{Prefix: "timens", PerID: true}, Of(&timens.TimensEntry{})},
+	{"CREDS", MagicCreds, NamePattern{Prefix: "creds", PerID: true}, Of(&creds.CredsEntry{})},
+	{"TTY_INFO", MagicTTYInfo, NamePattern{Prefix: "tty-info"}, Of(&tty.TtyInfoEntry{})},
 }
 
 // KindOf returns the Kind of an image file by its name, or nil.

@@ -10,7 +10,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/atomicfile"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 )
@@ -37,8 +37,6 @@ const tmpPrefix = ".tmp-"
 // stateDirName holds per-family locks and references, outside the family
 // directories (which containers see).
 const stateDirName = ".state"
-
-var familyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // Store is the family memory store rooted at one directory (normally on a
 // tmpfs, see EnsureTmpfs):
@@ -79,7 +77,7 @@ func OpenStore(root string) (*Store, error) {
 func (s *Store) Root() string { return s.root }
 
 func checkFamily(family string) error {
-	if !familyRE.MatchString(family) {
+	if !api.ValidName(family) {
 		return fmt.Errorf("bad family name %q: %w", family, errdefs.ErrInvalidArgument)
 	}
 	return nil

@@ -11,6 +11,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // viewsDirName holds the per-container views, beside the family directories.
@@ -33,7 +35,7 @@ func ViewName(namespace, id string) string {
 func (s *Store) ViewDir(view string) string { return filepath.Join(s.root, viewsDirName, view) }
 
 func checkView(view string) error {
-	if !familyRE.MatchString(view) {
+	if !api.ValidName(view) {
 		return fmt.Errorf("bad view name %q: %w", view, errdefs.ErrInvalidArgument)
 	}
 	return nil

@@ -13,7 +13,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -50,11 +49,8 @@ func (l *Local) Close() error { return nil }
 
 var _ Node = (*Local)(nil)
 
-// validID: what an operation id may hold (it names files).
-var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-
 func checkID(id string) error {
-	if !validID.MatchString(id) {
+	if !api.ValidName(id) {
 		return fmt.Errorf("operation id %q: letters, digits, '_', '.', '-' only: %w", id, errdefs.ErrInvalidArgument)
 	}
 	return nil
