@@ -30,11 +30,9 @@ import (
 // LazyFork's own tmpfs (ROOT/criu-<criu binary>.kdat, by running criu in a
 // private mount namespace whose /run is a fresh tmpfs) and points
 // /run/criu.kdat at it with a symbolic link. The link is the only thing on
-// the host's /run. When the tmpfs goes (reboot, `lazyfork setup --down
-// --purge`) it dangles, which is harmless: CRIU finds no cache and probes as
-// it did without one (a CRIU that fails to save a cache on the disk removes
-// the link, unless an earlier failed save left its /run/criu.kdat.tmp,
-// which CRIU 4.1 never removes), and the next shim links a new cache. A
+// the host's /run, and it undoes itself: when the tmpfs goes (reboot,
+// `lazyfork setup --down --purge`) the link dangles, and the next CRIU run
+// finds no cache, probes, fails to save on the disk and removes the link. A
 // CRIU upgrade gets a new cache (the file is named after the binary), and a
 // regular /run/criu.kdat (someone else's choice) is left alone.
 
