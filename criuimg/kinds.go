@@ -21,8 +21,8 @@ import (
 
 // Kind describes one kind of image file this package knows.
 type Kind struct {
-	Name     string         // CRIU's magic name, e.g. "PAGEMAP"
-	Magic    uint32         // image magic
+	Name     string      // CRIU's magic name, e.g. "PAGEMAP"
+	Magic    uint32      // image magic
 	Pattern  NamePattern // file base names of this kind
 	NewEntry NewEntry
 }
