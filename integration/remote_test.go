@@ -56,6 +56,13 @@ func (o *onlySockets) script(withAPI bool) string {
 func (o *onlySockets) run(t *testing.T, withAPI bool, timeout time.Duration, argv ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command("unshare", append([]string{"-m", "--propagation", "private", "sh", "-c", o.script(withAPI), "sh"}, argv...)...)
+	return runBounded(cmd, timeout, argv)
+}
+
+// runBounded runs cmd and returns its stdout; a non-zero exit is an error
+// with its stderr, and a command still running after timeout is killed and
+// reported as hanging (argv names it).
+func runBounded(cmd *exec.Cmd, timeout time.Duration, argv []string) (string, error) {
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Start(); err != nil {

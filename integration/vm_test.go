@@ -1,15 +1,12 @@
 package integration
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,27 +44,10 @@ func (m *macNamespace) run(t *testing.T, timeout time.Duration, stdin string, ar
 	t.Helper()
 	args := append([]string{"-t", fmt.Sprint(m.pid), "-m", "-n", "--", "env", "-i"}, m.env...)
 	cmd := exec.Command("nsenter", append(args, argv...)...)
-	var out, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return out.String(), errors.New(strings.TrimSpace(stderr.String()) + " (" + err.Error() + ")")
-		}
-		return out.String(), nil
-	case <-time.After(timeout):
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-done
-		return out.String(), fmt.Errorf("%v: still running after %v (hangs): %s", argv, timeout, stderr.String())
-	}
+	return runBounded(cmd, timeout, argv)
 }
 
 // TestCLIThroughForwardedSockets: the lazyfork CLI and an SDK program in a
