@@ -48,6 +48,7 @@ type total struct {
 	forks                   int
 	family                  string
 	wall, paused            time.Duration
+	after                   time.Duration // sampled this long after the forks were made
 	parent                  memSample
 	forksCgroup, forksShmem int64
 	tmpfs                   int64
@@ -188,14 +189,14 @@ func (r *results) summaryTable() *report.Table {
 // totalsTable: parent + forks in all.
 func (r *results) totalsTable() *report.Table {
 	t := &report.Table{Title: "parent + forks made at once, in all (MB)",
-		Columns: []string{"heap_mib", "mode", "forks", "fork_wall_s", "paused_s", "parent_cgroup", "parent_shmem", "forks_cgroup", "forks_shmem",
+		Columns: []string{"heap_mib", "mode", "forks", "fork_wall_s", "paused_s", "after_s", "parent_cgroup", "parent_shmem", "forks_cgroup", "forks_shmem",
 			"family_tmpfs", "shims", "shim_pss", "sum", "sum_without_double_counted_shmem", "target"}}
 	for _, x := range r.totals {
 		target := ""
 		if x.heap == 256 {
 			target = "<= 400 MB"
 		}
-		t.Add(x.heap, x.mode, x.forks, x.wall, x.paused, mb(x.parent.cgroup), mb(x.parent.shmem), mb(x.forksCgroup), mb(x.forksShmem),
+		t.Add(x.heap, x.mode, x.forks, x.wall, x.paused, x.after.Seconds(), mb(x.parent.cgroup), mb(x.parent.shmem), mb(x.forksCgroup), mb(x.forksShmem),
 			mb(x.tmpfs), x.nShims, mb(x.shimPss), mb(x.sum()), mb(x.dedup()), target)
 	}
 	return t
@@ -264,7 +265,9 @@ func (r *results) targetsOf(w io.Writer, cfg config, mode string) {
 		if x.mode != mode || x.heap != 256 {
 			continue
 		}
-		check(fmt.Sprintf("parent + %d forks of 256 MiB <= 400 MB in all", x.forks), x.sum() <= 400e6,
-			fmt.Sprintf("%s MB as summed (cgroups + tmpfs + shim PSS), %s MB counting charged files once", mb(x.sum()), mb(x.dedup())))
+		// The memory file is charged to the parent's cgroup and is the
+		// family's tmpfs too: counted once.
+		check(fmt.Sprintf("parent + %d forks of 256 MiB <= 400 MB in all, %.0f s after", x.forks, x.after.Seconds()), x.dedup() <= 400e6,
+			fmt.Sprintf("%s MB (cgroups + tmpfs + shim PSS, the charged memory file counted once; %s MB counted twice)", mb(x.dedup()), mb(x.sum())))
 	}
 }
