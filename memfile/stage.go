@@ -13,6 +13,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
@@ -131,6 +132,11 @@ func (sg *stager) stage(ctx context.Context, perm os.FileMode) error {
 		if err := criuimg.WriteImage(criuimg.InventoryPath(sg.out.dir), inv); err != nil {
 			return err
 		}
+	}
+	if turned, err := autoMountEmptyTmpfs(sg.out.dir); err != nil {
+		return fmt.Errorf("staging: empty tmpfs mounts: %w", err)
+	} else if len(turned) > 0 {
+		log.G(ctx).WithField("mounts", turned).Debug("memfile: empty tmpfs mounts restore without tar")
 	}
 	var kept, mapped uint64
 	var fdIDs map[uint32]bool
