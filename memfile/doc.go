@@ -27,6 +27,16 @@
 // such a connection (a TCP socket neither listening nor closed: a dump with
 // --tcp-established), the rewrite sets the method to skip.
 //
+// # Empty tmpfs mounts
+//
+// CRIU refills every tmpfs a container mounts by running tar and gzip on
+// restore, about 8-15 ms a mount, though most (/dev/shm, /run, the masked
+// /proc/acpi and /sys/firmware) hold nothing. The rewrite turns each tmpfs
+// superblock whose dumped contents are its root directory alone, with the
+// mode and owner its options give a new tmpfs, into a plain new mount
+// (fstype "auto", fsname tmpfs) and drops its tar image; mounts with contents
+// (runc's /dev) keep CRIU's path. See autoMountEmptyTmpfs.
+//
 // # Wipe-on-fork memory
 //
 // CRIU neither records nor restores MADV_WIPEONFORK: it dumps such memory
