@@ -50,11 +50,14 @@ func startCRIWith(t *testing.T, handler harness.Runtime) *criEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(archiveDir) })
+	// The node API the shim asks for a fork-of of a running container.
+	api := newNodeAPI(t)
 	e := startLF(t, harness.Options{
-		Env:       []string{"LAZYFORK_ARCHIVE_DIRS=" + archiveDir},
+		Env:       []string{"LAZYFORK_ARCHIVE_DIRS=" + archiveDir, api.Env()},
 		EnableCRI: true,
 		Runtimes:  []harness.Runtime{handler},
 	})
+	api.start(t, e.Bin, e.Root)
 	ctx := e.ctx(t)
 	if _, err := e.ImportCRIImages(ctx, "", "pause", "python", "busybox"); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,9 @@ import (
 // class across the wire (errgrpc).
 type Service struct {
 	N Node
+	// ForkOf serves SnapshotForPod and CopySnapshotLayer (nil: they fail
+	// with ErrNotImplemented).
+	ForkOf ForkOf
 }
 
 var _ pb.NodeService = (*Service)(nil)

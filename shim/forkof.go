@@ -13,18 +13,16 @@ import (
 	"path/filepath"
 	"strings"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
-	"github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/internal/ckptarchive"
 	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/node"
 )
 
 // Limits on an archive's checkpoint entries: the image of a LazyFork snapshot
@@ -196,22 +194,24 @@ func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mou
 
 // snapshotRunning serves a lazyfork.io/fork-of that names a running LazyFork
 // container instead of a path: its id, or NAMESPACE/POD/CONTAINER as
-// Kubernetes names it. The fork client, in this process, snapshots it as
-// `lazyfork checkpoint` does and copies the parent's writable layer into the
-// fork's upper directory (client.SnapshotForPod). The snapshot's directory
-// under ROOT/snapshots belongs to the fork (unpacked) and goes with it; the
-// parent keeps running. The lookup is in the fork's containerd namespace
-// only; for a fork in a pod (podNS != "") the parent must be in the same
-// Kubernetes namespace and opted in, which is checked before anything is
-// paused, and authorizeRestore checks the snapshot's source record again.
+// Kubernetes names it. The node API (lazyfork-snapshotter, node.ForkOf)
+// snapshots it through the containerd that started this shim as `lazyfork
+// checkpoint` does and copies the parent's writable layer into the fork's
+// upper directory (client.SnapshotForPod there): the shim links no
+// containerd client. The snapshot's directory under ROOT/snapshots belongs
+// to the fork (unpacked) and goes with it; the parent keeps running. The
+// lookup is in the fork's containerd namespace only; for a fork in a pod
+// (podNS != "") the parent must be in the same Kubernetes namespace and
+// opted in, which is checked before anything is paused, and
+// authorizeRestore checks the snapshot's source record again.
 func (s *Service) snapshotRunning(ctx context.Context, ns, ref, podNS string, rootfs []mount.Mount) (dir, unpacked string, retErr error) {
 	upper, err := upperDirOf(rootfs)
 	if err != nil {
 		return "", "", fmt.Errorf("annotation %s=%q: %w", api.AnnotationForkOf, ref, err)
 	}
 	var image string
-	err = s.withForkClient(ctx, ns, func(ctx context.Context, lf *client.Client) error {
-		image, err = lf.SnapshotForPod(ctx, ref, upper, podNS)
+	err = s.withForkOf(ns, func(n *node.Remote, fc node.ForkOfContext) error {
+		image, err = n.SnapshotForPod(ctx, node.PodSnapshot{ForkOfContext: fc, Ref: ref, Upper: upper, PodNamespace: podNS})
 		return err
 	})
 	if err != nil {
@@ -224,9 +224,9 @@ func (s *Service) snapshotRunning(ctx context.Context, ns, ref, podNS string, ro
 }
 
 // copySnapshotLayer gives a fork from a kept snapshot directory (one that
-// recorded its parent's writable layer: api.RootfsFile beside it) that layer
-// (client.CopySnapshotLayer). A snapshot without the record leaves the rootfs
-// as CRI made it.
+// recorded its parent's writable layer: api.RootfsFile beside it) that layer,
+// copied by the node API (node.ForkOf, client.CopySnapshotLayer there). A
+// snapshot without the record leaves the rootfs as CRI made it.
 func (s *Service) copySnapshotLayer(ctx context.Context, ns, imageDir string, rootfs []mount.Mount) (bool, error) {
 	if _, err := os.Stat(filepath.Join(filepath.Dir(imageDir), api.RootfsFile)); err != nil {
 		return false, nil
@@ -235,27 +235,35 @@ func (s *Service) copySnapshotLayer(ctx context.Context, ns, imageDir string, ro
 	if err != nil {
 		return true, err
 	}
-	return true, s.withForkClient(ctx, ns, func(ctx context.Context, lf *client.Client) error {
-		return lf.CopySnapshotLayer(ctx, imageDir, upper)
+	return true, s.withForkOf(ns, func(n *node.Remote, fc node.ForkOfContext) error {
+		return n.CopySnapshotLayer(ctx, node.PodLayer{ForkOfContext: fc, ImageDir: imageDir, Upper: upper})
 	})
 }
 
-// withForkClient runs f with a fork client connected to the containerd that
-// started this shim (GRPC_ADDRESS, which containerd gives every shim), in
-// containerd namespace ns and this shim's LazyFork root. The connection lasts
-// for the call: only a fork-of of a running container or a kept snapshot
-// needs one.
-func (s *Service) withForkClient(ctx context.Context, ns string, f func(context.Context, *client.Client) error) error {
+// withForkOf runs f with the node API (nodeAPISocket) and what a fork-of
+// call needs to name: the containerd that started this shim (GRPC_ADDRESS,
+// which containerd gives every shim), containerd namespace ns and this
+// shim's LazyFork root. The connection lasts for the call: only a fork-of
+// of a running container or a kept snapshot needs one; closing it cancels
+// a call the shim gave up on.
+func (s *Service) withForkOf(ns string, f func(*node.Remote, node.ForkOfContext) error) error {
 	addr := os.Getenv("GRPC_ADDRESS")
 	if addr == "" {
 		return fmt.Errorf("the shim does not know containerd's address (GRPC_ADDRESS): %w", errdefs.ErrFailedPrecondition)
 	}
-	cd, err := containerd.New(addr, containerd.WithDefaultNamespace(ns))
-	if err != nil {
-		return fmt.Errorf("connect to containerd at %s: %w", addr, err)
+	n := node.NewRemote(nodeAPISocket(s.cfg.Root))
+	defer n.Close()
+	return f(n, node.ForkOfContext{Containerd: addr, Namespace: ns, Root: s.cfg.Root})
+}
+
+// nodeAPISocket is where the shim asks the node API for a fork-of: $LAZYFORK_API,
+// else the socket lazyfork setup serves for root (api.Root.APISocket), as
+// the CLI finds it.
+func nodeAPISocket(root string) string {
+	if v := os.Getenv("LAZYFORK_API"); v != "" {
+		return v
 	}
-	defer cd.Close()
-	return f(namespaces.WithNamespace(ctx, ns), client.New(cd, client.WithRoot(s.cfg.Root)))
+	return api.Root(root).APISocket()
 }
 
 // upperDirOf finds the upper directory of a fork's overlay rootfs.

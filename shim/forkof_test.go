@@ -3,16 +3,25 @@ package shim
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/ttrpc"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/node"
+	pb "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 )
 
 func writeTar(t *testing.T, entries []tar.Header, body string) string {
@@ -209,6 +218,150 @@ func TestForkOfPathConfined(t *testing.T) {
 	for _, bad := range []string{elsewhere, secret, sneaky, filepath.Join(root, "snapshots"), "/etc"} {
 		if err := cfg.checkForkOfPath(bad); !errdefs.IsPermissionDenied(err) {
 			t.Errorf("%s: %v, want permission denied", bad, err)
+		}
+	}
+}
+
+// fakeForkOf is the node API's fork-of, recording what the shim asked.
+type fakeForkOf struct {
+	snap  node.PodSnapshot
+	layer node.PodLayer
+	image string
+	err   error
+}
+
+func (f *fakeForkOf) SnapshotForPod(_ context.Context, r node.PodSnapshot) (string, error) {
+	f.snap = r
+	return f.image, f.err
+}
+
+func (f *fakeForkOf) CopySnapshotLayer(_ context.Context, r node.PodLayer) error {
+	f.layer = r
+	return f.err
+}
+
+// serveNodeAPI serves f as the node API at a socket LAZYFORK_API names.
+func serveNodeAPI(t *testing.T, f node.ForkOf) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb.RegisterNodeService(srv, &node.Service{N: node.NewLocal(t.TempDir()), ForkOf: f})
+	go srv.Serve(context.Background(), l)
+	t.Cleanup(func() { srv.Close() })
+	t.Setenv("LAZYFORK_API", sock)
+}
+
+// A fork-of of a running container or a kept snapshot is asked of the node
+// API with containerd's address, the namespace, the shim's root and the
+// fork's upper directory; the answer is checked as before (under
+// ROOT/snapshots), refusals keep their class and name the annotation, and a
+// missing API says how to start it.
+func TestForkOfAsksNodeAPI(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s := &Service{cfg: Config{Root: root}}
+	t.Setenv("GRPC_ADDRESS", "/run/test-containerd.sock")
+	upper := t.TempDir()
+	rootfs := []mount.Mount{{Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/l", "upperdir=" + upper, "workdir=/w"}}}
+	fc := node.ForkOfContext{Containerd: "/run/test-containerd.sock", Namespace: "k8s.io", Root: root}
+
+	image := filepath.Join(root, "snapshots", "op1", "image")
+	f := &fakeForkOf{image: image}
+	serveNodeAPI(t, f)
+	dir, unpacked, err := s.snapshotRunning(ctx, "k8s.io", "default/web/counter", "default", rootfs)
+	if err != nil || dir != image || unpacked != filepath.Dir(image) {
+		t.Fatalf("snapshotRunning: %q %q %v, want %q owned by the fork", dir, unpacked, err, image)
+	}
+	if want := (node.PodSnapshot{ForkOfContext: fc, Ref: "default/web/counter", Upper: upper, PodNamespace: "default"}); f.snap != want {
+		t.Errorf("the node API was asked %+v, want %+v", f.snap, want)
+	}
+
+	// An answer outside ROOT/snapshots is not trusted.
+	f.image = filepath.Join(t.TempDir(), "snapshots", "op1", "image")
+	if _, _, err := s.snapshotRunning(ctx, "k8s.io", "web", "", rootfs); !errdefs.IsInternal(err) || !strings.Contains(err.Error(), api.AnnotationForkOf) {
+		t.Errorf("an answer outside the root: %v, want an internal error naming the annotation", err)
+	}
+	f.image, f.err = "", fmt.Errorf("container web did not opt in: %w", errdefs.ErrPermissionDenied)
+	if _, _, err := s.snapshotRunning(ctx, "k8s.io", "web", "other", rootfs); !errdefs.IsPermissionDenied(err) ||
+		!strings.Contains(err.Error(), api.AnnotationForkOf) || !strings.Contains(err.Error(), "did not opt in") {
+		t.Errorf("a refused fork-of: %v, want permission denied naming the annotation and the reason", err)
+	}
+
+	// A kept snapshot with a rootfs record gets its layer copied; one
+	// without is left as CRI made it and the API is not asked.
+	f.err = nil
+	kept := filepath.Join(root, "snapshots", "kept", "image")
+	if err := os.MkdirAll(kept, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if copied, err := s.copySnapshotLayer(ctx, "k8s.io", kept, rootfs); copied || err != nil || f.layer != (node.PodLayer{}) {
+		t.Fatalf("a snapshot without a rootfs record: copied %v %v, asked %+v", copied, err, f.layer)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(kept), api.RootfsFile), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if copied, err := s.copySnapshotLayer(ctx, "k8s.io", kept, rootfs); !copied || err != nil {
+		t.Fatalf("copySnapshotLayer: %v %v", copied, err)
+	}
+	if want := (node.PodLayer{ForkOfContext: fc, ImageDir: kept, Upper: upper}); f.layer != want {
+		t.Errorf("the node API was asked %+v, want %+v", f.layer, want)
+	}
+
+	// No node API: say what serves it.
+	t.Setenv("LAZYFORK_API", filepath.Join(t.TempDir(), "none.sock"))
+	if _, _, err := s.snapshotRunning(ctx, "k8s.io", "web", "", rootfs); !errdefs.IsUnavailable(err) ||
+		!strings.Contains(err.Error(), "lazyfork-snapshotter") || !strings.Contains(err.Error(), api.AnnotationForkOf) {
+		t.Errorf("without a node API: %v, want unavailable naming lazyfork-snapshotter and the annotation", err)
+	}
+	// Without LAZYFORK_API the shim asks the socket setup serves for its root.
+	t.Setenv("LAZYFORK_API", "")
+	if got := nodeAPISocket(root); got != api.Root(root).APISocket() {
+		t.Errorf("node API socket %q, want %q", got, api.Root(root).APISocket())
+	}
+}
+
+// The shim binary links neither containerd's Go client nor LazyFork's fork
+// client (fork-of asks the node API): they and their package inits
+// (distribution/reference's regexps, gRPC's client machinery) cost every
+// shim start. gRPC itself stays linked only through containerd's task API
+// (api/runtime/task/v3, whose generated gRPC stubs containerd's shim
+// package and runc's shim also link).
+func TestShimLinksNoContainerdClient(t *testing.T) {
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(gobin); err != nil {
+		if gobin, err = exec.LookPath("go"); err != nil {
+			t.Skip("no go command to list the shim's dependencies")
+		}
+	}
+	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../cmd/containerd-shim-lazyfork-v1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	forbidden := []string{
+		"github.com/containerd/containerd/v2/client",
+		"github.com/distribution/reference",
+		"github.com/checkpoint-restore/checkpointctl/lib",
+		"github.com/lazyfork/lazyfork/client",
+		"github.com/lazyfork/lazyfork/node/forkof",
+	}
+	grpcImporters := map[string]bool{"github.com/containerd/containerd/api/runtime/task/v3": true}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if slices.Contains(forbidden, fields[0]) {
+			t.Errorf("the shim binary links %s", fields[0])
+		}
+		if slices.Contains(fields[1:], "google.golang.org/grpc") && !grpcImporters[fields[0]] {
+			t.Errorf("the shim binary links gRPC through %s", fields[0])
 		}
 	}
 }

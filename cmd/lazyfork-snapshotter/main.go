@@ -25,7 +25,11 @@ Usage: lazyfork-snapshotter [flags]
 It serves containerd's snapshots gRPC API on --address and LazyFork's own ttrpc
 API on <address>.ttrpc: lazyfork.v1.Snapshotter (Status) and lazyfork.v1.Node,
 what the lazyfork CLI and the Go SDK need of LazyFork's root (--lazyfork-root):
-with that socket and containerd's, a client needs nothing else of the node. Register it in containerd's config.toml:
+with that socket and containerd's, a client needs nothing else of the node. The
+shims ask it too, for a pod's lazyfork.io/fork-of of a running container or a kept
+snapshot (it snapshots through the shim's containerd): give it the shims'
+LAZYFORK_ROOT, and serve the ttrpc API at <that root>/snapshotter.sock.ttrpc (as
+lazyfork setup does) or set the shims' LAZYFORK_API. Register it in containerd's config.toml:
 
   [proxy_plugins.lazyfork]
     type = "snapshot"

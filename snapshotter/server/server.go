@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/lazyfork/lazyfork/node"
+	"github.com/lazyfork/lazyfork/node/forkof"
 	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 	"github.com/lazyfork/lazyfork/snapshotter"
 )
@@ -62,8 +63,9 @@ func New(ctx context.Context, cfg Config, version string) (*Server, error) {
 		return nil, err
 	}
 	lazyforkv1.RegisterSnapshotterService(s.ttrpc, &snapshotter.Service{S: sn, Version: version})
-	// The node API: what clients need of LazyFork's root (package node).
-	lazyforkv1.RegisterNodeService(s.ttrpc, &node.Service{N: node.NewLocal(cfg.LazyForkRoot)})
+	// The node API: what clients need of LazyFork's root (package node),
+	// and the shims' fork-of of a running container or a kept snapshot.
+	lazyforkv1.RegisterNodeService(s.ttrpc, &node.Service{N: node.NewLocal(cfg.LazyForkRoot), ForkOf: &forkof.Server{Root: cfg.LazyForkRoot}})
 	// Processes' stdio for clients that share no fifo directory with the shim.
 	lazyforkv1.RegisterStdioService(s.ttrpc, &node.StdioService{})
 

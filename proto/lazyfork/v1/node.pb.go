@@ -1886,6 +1886,246 @@ func (x *UsageResponse) GetRssSharedBytes() int64 {
 	return 0
 }
 
+// ForkOfContext is where a fork-of call works: the containerd and namespace
+// of the fork (the shim's GRPC_ADDRESS and the container's namespace) and
+// the LazyFork root the caller expects the snapshot under (the server
+// refuses a root other than the one it serves).
+type ForkOfContext struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	ContainerdAddress string                 `protobuf:"bytes,1,opt,name=containerd_address,json=containerdAddress,proto3" json:"containerd_address,omitempty"`
+	Namespace         string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Root              string                 `protobuf:"bytes,3,opt,name=root,proto3" json:"root,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ForkOfContext) Reset() {
+	*x = ForkOfContext{}
+	mi := &file_lazyfork_v1_node_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkOfContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkOfContext) ProtoMessage() {}
+
+func (x *ForkOfContext) ProtoReflect() protoreflect.Message {
+	mi := &file_lazyfork_v1_node_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkOfContext.ProtoReflect.Descriptor instead.
+func (*ForkOfContext) Descriptor() ([]byte, []int) {
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ForkOfContext) GetContainerdAddress() string {
+	if x != nil {
+		return x.ContainerdAddress
+	}
+	return ""
+}
+
+func (x *ForkOfContext) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ForkOfContext) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
+}
+
+type SnapshotForPodRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Context *ForkOfContext         `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	// ref: the parent, a container id or NAMESPACE/POD/CONTAINER.
+	Ref string `protobuf:"bytes,2,opt,name=ref,proto3" json:"ref,omitempty"`
+	// upper_dir: the fork's overlay upper directory (on the node).
+	UpperDir string `protobuf:"bytes,3,opt,name=upper_dir,json=upperDir,proto3" json:"upper_dir,omitempty"`
+	// pod_namespace: the fork's Kubernetes namespace ("" outside a pod).
+	PodNamespace  string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotForPodRequest) Reset() {
+	*x = SnapshotForPodRequest{}
+	mi := &file_lazyfork_v1_node_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotForPodRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotForPodRequest) ProtoMessage() {}
+
+func (x *SnapshotForPodRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lazyfork_v1_node_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotForPodRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotForPodRequest) Descriptor() ([]byte, []int) {
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SnapshotForPodRequest) GetContext() *ForkOfContext {
+	if x != nil {
+		return x.Context
+	}
+	return nil
+}
+
+func (x *SnapshotForPodRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *SnapshotForPodRequest) GetUpperDir() string {
+	if x != nil {
+		return x.UpperDir
+	}
+	return ""
+}
+
+func (x *SnapshotForPodRequest) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+type SnapshotForPodResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotForPodResponse) Reset() {
+	*x = SnapshotForPodResponse{}
+	mi := &file_lazyfork_v1_node_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotForPodResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotForPodResponse) ProtoMessage() {}
+
+func (x *SnapshotForPodResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lazyfork_v1_node_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotForPodResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotForPodResponse) Descriptor() ([]byte, []int) {
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SnapshotForPodResponse) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+type CopySnapshotLayerRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Context *ForkOfContext         `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	// image_dir: the kept snapshot's image directory.
+	ImageDir      string `protobuf:"bytes,2,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	UpperDir      string `protobuf:"bytes,3,opt,name=upper_dir,json=upperDir,proto3" json:"upper_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopySnapshotLayerRequest) Reset() {
+	*x = CopySnapshotLayerRequest{}
+	mi := &file_lazyfork_v1_node_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopySnapshotLayerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopySnapshotLayerRequest) ProtoMessage() {}
+
+func (x *CopySnapshotLayerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lazyfork_v1_node_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopySnapshotLayerRequest.ProtoReflect.Descriptor instead.
+func (*CopySnapshotLayerRequest) Descriptor() ([]byte, []int) {
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CopySnapshotLayerRequest) GetContext() *ForkOfContext {
+	if x != nil {
+		return x.Context
+	}
+	return nil
+}
+
+func (x *CopySnapshotLayerRequest) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+func (x *CopySnapshotLayerRequest) GetUpperDir() string {
+	if x != nil {
+		return x.UpperDir
+	}
+	return ""
+}
+
 var File_lazyfork_v1_node_proto protoreflect.FileDescriptor
 
 const file_lazyfork_v1_node_proto_rawDesc = "" +
@@ -2018,7 +2258,22 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\x0emem_file_bytes\x18\x02 \x01(\x03R\fmemFileBytes\x12*\n" +
 	"\x11mem_file_mappings\x18\x03 \x01(\x03R\x0fmemFileMappings\x12$\n" +
 	"\x0erss_anon_bytes\x18\x04 \x01(\x03R\frssAnonBytes\x12(\n" +
-	"\x10rss_shared_bytes\x18\x05 \x01(\x03R\x0erssSharedBytes2\xde\v\n" +
+	"\x10rss_shared_bytes\x18\x05 \x01(\x03R\x0erssSharedBytes\"p\n" +
+	"\rForkOfContext\x12-\n" +
+	"\x12containerd_address\x18\x01 \x01(\tR\x11containerdAddress\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04root\x18\x03 \x01(\tR\x04root\"\xa1\x01\n" +
+	"\x15SnapshotForPodRequest\x124\n" +
+	"\acontext\x18\x01 \x01(\v2\x1a.lazyfork.v1.ForkOfContextR\acontext\x12\x10\n" +
+	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1b\n" +
+	"\tupper_dir\x18\x03 \x01(\tR\bupperDir\x12#\n" +
+	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\"5\n" +
+	"\x16SnapshotForPodResponse\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\x8a\x01\n" +
+	"\x18CopySnapshotLayerRequest\x124\n" +
+	"\acontext\x18\x01 \x01(\v2\x1a.lazyfork.v1.ForkOfContextR\acontext\x12\x1b\n" +
+	"\timage_dir\x18\x02 \x01(\tR\bimageDir\x12\x1b\n" +
+	"\tupper_dir\x18\x03 \x01(\tR\bupperDir2\x89\r\n" +
 	"\x04Node\x12\\\n" +
 	"\x0fPrepareSnapshot\x12#.lazyfork.v1.PrepareSnapshotRequest\x1a$.lazyfork.v1.PrepareSnapshotResponse\x12C\n" +
 	"\fKeepSnapshot\x12\x1f.lazyfork.v1.SnapshotDirRequest\x1a\x12.lazyfork.v1.Empty\x12E\n" +
@@ -2044,7 +2299,9 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\bListLogs\x12\x14.lazyfork.v1.LogPath\x1a\x1d.lazyfork.v1.ListLogsResponse\x12=\n" +
 	"\aStatLog\x12\x14.lazyfork.v1.LogPath\x1a\x1c.lazyfork.v1.StatLogResponse\x12A\n" +
 	"\aReadLog\x12\x1b.lazyfork.v1.ReadLogRequest\x1a\x15.lazyfork.v1.LogChunk(\x010\x01\x12>\n" +
-	"\x05Usage\x12\x19.lazyfork.v1.UsageRequest\x1a\x1a.lazyfork.v1.UsageResponseB;Z9github.com/lazyfork/lazyfork/proto/lazyfork/v1;lazyforkv1b\x06proto3"
+	"\x05Usage\x12\x19.lazyfork.v1.UsageRequest\x1a\x1a.lazyfork.v1.UsageResponse\x12Y\n" +
+	"\x0eSnapshotForPod\x12\".lazyfork.v1.SnapshotForPodRequest\x1a#.lazyfork.v1.SnapshotForPodResponse\x12N\n" +
+	"\x11CopySnapshotLayer\x12%.lazyfork.v1.CopySnapshotLayerRequest\x1a\x12.lazyfork.v1.EmptyB;Z9github.com/lazyfork/lazyfork/proto/lazyfork/v1;lazyforkv1b\x06proto3"
 
 var (
 	file_lazyfork_v1_node_proto_rawDescOnce sync.Once
@@ -2058,7 +2315,7 @@ func file_lazyfork_v1_node_proto_rawDescGZIP() []byte {
 	return file_lazyfork_v1_node_proto_rawDescData
 }
 
-var file_lazyfork_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_lazyfork_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_lazyfork_v1_node_proto_goTypes = []any{
 	(*Empty)(nil),                    // 0: lazyfork.v1.Empty
 	(*PrepareSnapshotRequest)(nil),   // 1: lazyfork.v1.PrepareSnapshotRequest
@@ -2093,71 +2350,81 @@ var file_lazyfork_v1_node_proto_goTypes = []any{
 	(*LogChunk)(nil),                 // 30: lazyfork.v1.LogChunk
 	(*UsageRequest)(nil),             // 31: lazyfork.v1.UsageRequest
 	(*UsageResponse)(nil),            // 32: lazyfork.v1.UsageResponse
-	nil,                              // 33: lazyfork.v1.Family.FilesEntry
-	nil,                              // 34: lazyfork.v1.Family.HoldersEntry
-	nil,                              // 35: lazyfork.v1.Family.ChargedToEntry
+	(*ForkOfContext)(nil),            // 33: lazyfork.v1.ForkOfContext
+	(*SnapshotForPodRequest)(nil),    // 34: lazyfork.v1.SnapshotForPodRequest
+	(*SnapshotForPodResponse)(nil),   // 35: lazyfork.v1.SnapshotForPodResponse
+	(*CopySnapshotLayerRequest)(nil), // 36: lazyfork.v1.CopySnapshotLayerRequest
+	nil,                              // 37: lazyfork.v1.Family.FilesEntry
+	nil,                              // 38: lazyfork.v1.Family.HoldersEntry
+	nil,                              // 39: lazyfork.v1.Family.ChargedToEntry
 }
 var file_lazyfork_v1_node_proto_depIdxs = []int32{
 	4,  // 0: lazyfork.v1.SetRootfsRequest.rootfs:type_name -> lazyfork.v1.Rootfs
 	4,  // 1: lazyfork.v1.Snapshot.rootfs:type_name -> lazyfork.v1.Rootfs
 	4,  // 2: lazyfork.v1.SnapshotDir.rootfs:type_name -> lazyfork.v1.Rootfs
 	8,  // 3: lazyfork.v1.ListSnapshotDirsResponse.dirs:type_name -> lazyfork.v1.SnapshotDir
-	33, // 4: lazyfork.v1.Family.files:type_name -> lazyfork.v1.Family.FilesEntry
-	34, // 5: lazyfork.v1.Family.holders:type_name -> lazyfork.v1.Family.HoldersEntry
-	35, // 6: lazyfork.v1.Family.charged_to:type_name -> lazyfork.v1.Family.ChargedToEntry
+	37, // 4: lazyfork.v1.Family.files:type_name -> lazyfork.v1.Family.FilesEntry
+	38, // 5: lazyfork.v1.Family.holders:type_name -> lazyfork.v1.Family.HoldersEntry
+	39, // 6: lazyfork.v1.Family.charged_to:type_name -> lazyfork.v1.Family.ChargedToEntry
 	11, // 7: lazyfork.v1.FamiliesResponse.families:type_name -> lazyfork.v1.Family
 	14, // 8: lazyfork.v1.OpState.record:type_name -> lazyfork.v1.OpRecord
 	16, // 9: lazyfork.v1.ListOpsResponse.ops:type_name -> lazyfork.v1.OpState
-	10, // 10: lazyfork.v1.Family.HoldersEntry.value:type_name -> lazyfork.v1.HolderFiles
-	1,  // 11: lazyfork.v1.Node.PrepareSnapshot:input_type -> lazyfork.v1.PrepareSnapshotRequest
-	3,  // 12: lazyfork.v1.Node.KeepSnapshot:input_type -> lazyfork.v1.SnapshotDirRequest
-	3,  // 13: lazyfork.v1.Node.RemoveSnapshot:input_type -> lazyfork.v1.SnapshotDirRequest
-	5,  // 14: lazyfork.v1.Node.SetRootfs:input_type -> lazyfork.v1.SetRootfsRequest
-	3,  // 15: lazyfork.v1.Node.ReleaseRootfs:input_type -> lazyfork.v1.SnapshotDirRequest
-	6,  // 16: lazyfork.v1.Node.GetSnapshot:input_type -> lazyfork.v1.GetSnapshotRequest
-	0,  // 17: lazyfork.v1.Node.ListSnapshotDirs:input_type -> lazyfork.v1.Empty
-	0,  // 18: lazyfork.v1.Node.Families:input_type -> lazyfork.v1.Empty
-	0,  // 19: lazyfork.v1.Node.FreeSpace:input_type -> lazyfork.v1.Empty
-	14, // 20: lazyfork.v1.Node.SaveOp:input_type -> lazyfork.v1.OpRecord
-	15, // 21: lazyfork.v1.Node.RemoveOp:input_type -> lazyfork.v1.RemoveOpRequest
-	0,  // 22: lazyfork.v1.Node.ListOps:input_type -> lazyfork.v1.Empty
-	19, // 23: lazyfork.v1.Node.Lock:input_type -> lazyfork.v1.LockRequest
-	18, // 24: lazyfork.v1.Node.RemoveLock:input_type -> lazyfork.v1.LockKey
-	22, // 25: lazyfork.v1.Node.SweepLocks:input_type -> lazyfork.v1.SweepLocksRequest
-	24, // 26: lazyfork.v1.Node.SaveRestoreLog:input_type -> lazyfork.v1.SaveRestoreLogRequest
-	26, // 27: lazyfork.v1.Node.PrepareLog:input_type -> lazyfork.v1.LogPath
-	26, // 28: lazyfork.v1.Node.RemoveLog:input_type -> lazyfork.v1.LogPath
-	26, // 29: lazyfork.v1.Node.ListLogs:input_type -> lazyfork.v1.LogPath
-	26, // 30: lazyfork.v1.Node.StatLog:input_type -> lazyfork.v1.LogPath
-	29, // 31: lazyfork.v1.Node.ReadLog:input_type -> lazyfork.v1.ReadLogRequest
-	31, // 32: lazyfork.v1.Node.Usage:input_type -> lazyfork.v1.UsageRequest
-	2,  // 33: lazyfork.v1.Node.PrepareSnapshot:output_type -> lazyfork.v1.PrepareSnapshotResponse
-	0,  // 34: lazyfork.v1.Node.KeepSnapshot:output_type -> lazyfork.v1.Empty
-	0,  // 35: lazyfork.v1.Node.RemoveSnapshot:output_type -> lazyfork.v1.Empty
-	0,  // 36: lazyfork.v1.Node.SetRootfs:output_type -> lazyfork.v1.Empty
-	0,  // 37: lazyfork.v1.Node.ReleaseRootfs:output_type -> lazyfork.v1.Empty
-	7,  // 38: lazyfork.v1.Node.GetSnapshot:output_type -> lazyfork.v1.Snapshot
-	9,  // 39: lazyfork.v1.Node.ListSnapshotDirs:output_type -> lazyfork.v1.ListSnapshotDirsResponse
-	12, // 40: lazyfork.v1.Node.Families:output_type -> lazyfork.v1.FamiliesResponse
-	13, // 41: lazyfork.v1.Node.FreeSpace:output_type -> lazyfork.v1.FreeSpaceResponse
-	0,  // 42: lazyfork.v1.Node.SaveOp:output_type -> lazyfork.v1.Empty
-	0,  // 43: lazyfork.v1.Node.RemoveOp:output_type -> lazyfork.v1.Empty
-	17, // 44: lazyfork.v1.Node.ListOps:output_type -> lazyfork.v1.ListOpsResponse
-	20, // 45: lazyfork.v1.Node.Lock:output_type -> lazyfork.v1.LockResponse
-	21, // 46: lazyfork.v1.Node.RemoveLock:output_type -> lazyfork.v1.RemoveLockResponse
-	23, // 47: lazyfork.v1.Node.SweepLocks:output_type -> lazyfork.v1.SweepLocksResponse
-	25, // 48: lazyfork.v1.Node.SaveRestoreLog:output_type -> lazyfork.v1.SaveRestoreLogResponse
-	0,  // 49: lazyfork.v1.Node.PrepareLog:output_type -> lazyfork.v1.Empty
-	0,  // 50: lazyfork.v1.Node.RemoveLog:output_type -> lazyfork.v1.Empty
-	27, // 51: lazyfork.v1.Node.ListLogs:output_type -> lazyfork.v1.ListLogsResponse
-	28, // 52: lazyfork.v1.Node.StatLog:output_type -> lazyfork.v1.StatLogResponse
-	30, // 53: lazyfork.v1.Node.ReadLog:output_type -> lazyfork.v1.LogChunk
-	32, // 54: lazyfork.v1.Node.Usage:output_type -> lazyfork.v1.UsageResponse
-	33, // [33:55] is the sub-list for method output_type
-	11, // [11:33] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	33, // 10: lazyfork.v1.SnapshotForPodRequest.context:type_name -> lazyfork.v1.ForkOfContext
+	33, // 11: lazyfork.v1.CopySnapshotLayerRequest.context:type_name -> lazyfork.v1.ForkOfContext
+	10, // 12: lazyfork.v1.Family.HoldersEntry.value:type_name -> lazyfork.v1.HolderFiles
+	1,  // 13: lazyfork.v1.Node.PrepareSnapshot:input_type -> lazyfork.v1.PrepareSnapshotRequest
+	3,  // 14: lazyfork.v1.Node.KeepSnapshot:input_type -> lazyfork.v1.SnapshotDirRequest
+	3,  // 15: lazyfork.v1.Node.RemoveSnapshot:input_type -> lazyfork.v1.SnapshotDirRequest
+	5,  // 16: lazyfork.v1.Node.SetRootfs:input_type -> lazyfork.v1.SetRootfsRequest
+	3,  // 17: lazyfork.v1.Node.ReleaseRootfs:input_type -> lazyfork.v1.SnapshotDirRequest
+	6,  // 18: lazyfork.v1.Node.GetSnapshot:input_type -> lazyfork.v1.GetSnapshotRequest
+	0,  // 19: lazyfork.v1.Node.ListSnapshotDirs:input_type -> lazyfork.v1.Empty
+	0,  // 20: lazyfork.v1.Node.Families:input_type -> lazyfork.v1.Empty
+	0,  // 21: lazyfork.v1.Node.FreeSpace:input_type -> lazyfork.v1.Empty
+	14, // 22: lazyfork.v1.Node.SaveOp:input_type -> lazyfork.v1.OpRecord
+	15, // 23: lazyfork.v1.Node.RemoveOp:input_type -> lazyfork.v1.RemoveOpRequest
+	0,  // 24: lazyfork.v1.Node.ListOps:input_type -> lazyfork.v1.Empty
+	19, // 25: lazyfork.v1.Node.Lock:input_type -> lazyfork.v1.LockRequest
+	18, // 26: lazyfork.v1.Node.RemoveLock:input_type -> lazyfork.v1.LockKey
+	22, // 27: lazyfork.v1.Node.SweepLocks:input_type -> lazyfork.v1.SweepLocksRequest
+	24, // 28: lazyfork.v1.Node.SaveRestoreLog:input_type -> lazyfork.v1.SaveRestoreLogRequest
+	26, // 29: lazyfork.v1.Node.PrepareLog:input_type -> lazyfork.v1.LogPath
+	26, // 30: lazyfork.v1.Node.RemoveLog:input_type -> lazyfork.v1.LogPath
+	26, // 31: lazyfork.v1.Node.ListLogs:input_type -> lazyfork.v1.LogPath
+	26, // 32: lazyfork.v1.Node.StatLog:input_type -> lazyfork.v1.LogPath
+	29, // 33: lazyfork.v1.Node.ReadLog:input_type -> lazyfork.v1.ReadLogRequest
+	31, // 34: lazyfork.v1.Node.Usage:input_type -> lazyfork.v1.UsageRequest
+	34, // 35: lazyfork.v1.Node.SnapshotForPod:input_type -> lazyfork.v1.SnapshotForPodRequest
+	36, // 36: lazyfork.v1.Node.CopySnapshotLayer:input_type -> lazyfork.v1.CopySnapshotLayerRequest
+	2,  // 37: lazyfork.v1.Node.PrepareSnapshot:output_type -> lazyfork.v1.PrepareSnapshotResponse
+	0,  // 38: lazyfork.v1.Node.KeepSnapshot:output_type -> lazyfork.v1.Empty
+	0,  // 39: lazyfork.v1.Node.RemoveSnapshot:output_type -> lazyfork.v1.Empty
+	0,  // 40: lazyfork.v1.Node.SetRootfs:output_type -> lazyfork.v1.Empty
+	0,  // 41: lazyfork.v1.Node.ReleaseRootfs:output_type -> lazyfork.v1.Empty
+	7,  // 42: lazyfork.v1.Node.GetSnapshot:output_type -> lazyfork.v1.Snapshot
+	9,  // 43: lazyfork.v1.Node.ListSnapshotDirs:output_type -> lazyfork.v1.ListSnapshotDirsResponse
+	12, // 44: lazyfork.v1.Node.Families:output_type -> lazyfork.v1.FamiliesResponse
+	13, // 45: lazyfork.v1.Node.FreeSpace:output_type -> lazyfork.v1.FreeSpaceResponse
+	0,  // 46: lazyfork.v1.Node.SaveOp:output_type -> lazyfork.v1.Empty
+	0,  // 47: lazyfork.v1.Node.RemoveOp:output_type -> lazyfork.v1.Empty
+	17, // 48: lazyfork.v1.Node.ListOps:output_type -> lazyfork.v1.ListOpsResponse
+	20, // 49: lazyfork.v1.Node.Lock:output_type -> lazyfork.v1.LockResponse
+	21, // 50: lazyfork.v1.Node.RemoveLock:output_type -> lazyfork.v1.RemoveLockResponse
+	23, // 51: lazyfork.v1.Node.SweepLocks:output_type -> lazyfork.v1.SweepLocksResponse
+	25, // 52: lazyfork.v1.Node.SaveRestoreLog:output_type -> lazyfork.v1.SaveRestoreLogResponse
+	0,  // 53: lazyfork.v1.Node.PrepareLog:output_type -> lazyfork.v1.Empty
+	0,  // 54: lazyfork.v1.Node.RemoveLog:output_type -> lazyfork.v1.Empty
+	27, // 55: lazyfork.v1.Node.ListLogs:output_type -> lazyfork.v1.ListLogsResponse
+	28, // 56: lazyfork.v1.Node.StatLog:output_type -> lazyfork.v1.StatLogResponse
+	30, // 57: lazyfork.v1.Node.ReadLog:output_type -> lazyfork.v1.LogChunk
+	32, // 58: lazyfork.v1.Node.Usage:output_type -> lazyfork.v1.UsageResponse
+	35, // 59: lazyfork.v1.Node.SnapshotForPod:output_type -> lazyfork.v1.SnapshotForPodResponse
+	0,  // 60: lazyfork.v1.Node.CopySnapshotLayer:output_type -> lazyfork.v1.Empty
+	37, // [37:61] is the sub-list for method output_type
+	13, // [13:37] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_lazyfork_v1_node_proto_init() }
@@ -2171,7 +2438,7 @@ func file_lazyfork_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lazyfork_v1_node_proto_rawDesc), len(file_lazyfork_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

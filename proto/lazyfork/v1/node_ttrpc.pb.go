@@ -30,6 +30,8 @@ type NodeService interface {
 	StatLog(context.Context, *LogPath) (*StatLogResponse, error)
 	ReadLog(context.Context, Node_ReadLogServer) error
 	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
+	SnapshotForPod(context.Context, *SnapshotForPodRequest) (*SnapshotForPodResponse, error)
+	CopySnapshotLayer(context.Context, *CopySnapshotLayerRequest) (*Empty, error)
 }
 
 type Node_LockServer interface {
@@ -219,6 +221,20 @@ func RegisterNodeService(srv *ttrpc.Server, svc NodeService) {
 				}
 				return svc.Usage(ctx, &req)
 			},
+			"SnapshotForPod": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SnapshotForPodRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SnapshotForPod(ctx, &req)
+			},
+			"CopySnapshotLayer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req CopySnapshotLayerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.CopySnapshotLayer(ctx, &req)
+			},
 		},
 		Streams: map[string]ttrpc.Stream{
 			"Lock": {
@@ -262,6 +278,8 @@ type NodeClient interface {
 	StatLog(context.Context, *LogPath) (*StatLogResponse, error)
 	ReadLog(context.Context) (Node_ReadLogClient, error)
 	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
+	SnapshotForPod(context.Context, *SnapshotForPodRequest) (*SnapshotForPodResponse, error)
+	CopySnapshotLayer(context.Context, *CopySnapshotLayerRequest) (*Empty, error)
 }
 
 type nodeClient struct {
@@ -497,6 +515,22 @@ func (x *nodeReadLogClient) Recv() (*LogChunk, error) {
 func (c *nodeClient) Usage(ctx context.Context, req *UsageRequest) (*UsageResponse, error) {
 	var resp UsageResponse
 	if err := c.client.Call(ctx, "lazyfork.v1.Node", "Usage", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *nodeClient) SnapshotForPod(ctx context.Context, req *SnapshotForPodRequest) (*SnapshotForPodResponse, error) {
+	var resp SnapshotForPodResponse
+	if err := c.client.Call(ctx, "lazyfork.v1.Node", "SnapshotForPod", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *nodeClient) CopySnapshotLayer(ctx context.Context, req *CopySnapshotLayerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "lazyfork.v1.Node", "CopySnapshotLayer", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -1,0 +1,92 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/node"
+)
+
+// nodeAPI is a lazyfork-snapshotter serving the node API of a private stack's
+// LazyFork root, as lazyfork setup runs it beside containerd: the shim asks
+// it for a pod's fork-of of a running container or a kept snapshot. Its
+// socket lies outside the root (which the first shim mounts a tmpfs over);
+// the stack's shims find it through LAZYFORK_API (Env).
+type nodeAPI struct {
+	dir, socket string
+}
+
+func newNodeAPI(t *testing.T) *nodeAPI {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "lfna-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return &nodeAPI{dir: dir, socket: filepath.Join(dir, "sn.sock.ttrpc")}
+}
+
+// Env is what the stack's containerd (and so its shims) needs.
+func (n *nodeAPI) Env() string { return "LAZYFORK_API=" + n.socket }
+
+// start runs the snapshotter on LazyFork root root until the test ends;
+// call it after startLF, so that it stops before containerd's teardown.
+func (n *nodeAPI) start(t *testing.T, bin, root string) {
+	t.Helper()
+	logPath := filepath.Join(n.dir, "snapshotter.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), "--root", filepath.Join(n.dir, "sn"),
+		"--address", filepath.Join(n.dir, "sn.sock"), "--lazyfork-root", root)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logf.Close()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("lazyfork-snapshotter (node API) log:\n%s", b)
+		}
+		if mounts, _ := harness.MountsUnder(n.dir); len(mounts) > 0 {
+			for i := len(mounts) - 1; i >= 0; i-- {
+				_ = syscall.Unmount(mounts[i], syscall.MNT_DETACH)
+			}
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := node.NewRemote(n.socket)
+		_, err := r.FreeSpace(context.Background())
+		r.Close()
+		if err == nil {
+			return
+		}
+		select {
+		case <-done:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("lazyfork-snapshotter exited:\n%s", b)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lazyfork-snapshotter does not answer at %s: %v", n.socket, err)
+		}
+	}
+}
