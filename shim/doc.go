@@ -30,7 +30,8 @@
 //     through CRI) is created from the named LazyFork snapshot, from a
 //     checkpoint archive containerd wrote, unpacked under ROOT/snapshots, or
 //     from a running container of its namespace, snapshotted through
-//     containerd by the fork client in this process (client.SnapshotForPod).
+//     containerd by lazyfork-snapshotter's node API (SnapshotForPod), so the
+//     shim links no containerd client (forkof.go).
 //   - A root container has a shim of its own; forks carrying the same
 //     lazyfork.io/shim-group share one (manager.go), so a dying shim takes
 //     down one group, never the parent.
