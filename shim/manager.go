@@ -45,17 +45,21 @@ var _ shim.Shim = (*lfManager)(nil)
 func (m *lfManager) Start(ctx context.Context, params *bootapi.BootstrapParams) (*bootapi.BootstrapResult, error) {
 	// The front binary (cmd/containerd-shim-lazyfork-v1) answers the starts
 	// that find their shim running with the same package's group, lock and
-	// address, and hands every other start to this one.
+	// address, and hands every other start to this one, with the group's
+	// start lock when it took it.
 	group, err := shimaddr.SetShimGroup(".")
 	if err != nil {
 		return nil, err
 	}
-	if group != "" {
-		unlock, err := shimaddr.LockStart(shimaddr.SocketDir(params.GetSocketDir()), group)
-		if err != nil {
+	socketDir := shimaddr.SocketDir(params.GetSocketDir())
+	lock := shimaddr.InheritedLock(socketDir, group)
+	if lock == nil && group != "" {
+		if lock, err = shimaddr.LockStart(socketDir, group); err != nil {
 			return nil, err
 		}
-		defer unlock()
+	}
+	if lock != nil {
+		defer lock.Release()
 	}
 	return m.Shim.Start(ctx, params)
 }

@@ -47,20 +47,31 @@ const connectTimeout = 100 * time.Millisecond
 
 func main() {
 	var input []byte
+	var env []string
 	if a, ok := parseArgs(os.Args[1:]); ok && a.action == "start" && os.Getenv(madvguardServeEnv) == "" {
 		var err error
 		input, err = io.ReadAll(io.LimitReader(os.Stdin, maxInput))
 		if err == nil {
-			if out, ok := start(a, input); ok {
+			out, held, ok := start(a, input)
+			if ok {
 				if _, err := os.Stdout.Write(out); err != nil {
 					fmt.Fprintf(os.Stderr, "%s: write the bootstrap result: %s", filepath.Base(os.Args[0]), err)
 					os.Exit(1)
 				}
 				return
 			}
+			if held != nil {
+				// Held until the full shim has started the group's shim:
+				// the group's other starts then find it running.
+				if kv, err := held.Handoff(); err == nil {
+					env = append(os.Environ(), kv)
+				} else {
+					held.Release()
+				}
+			}
 		}
 	}
-	execFull(input)
+	execFull(input, env)
 }
 
 // args are the flags containerd's pkg/shim parses, as far as the front needs
@@ -122,43 +133,44 @@ func parseArgs(argv []string) (a args, ok bool) {
 // start answers `start` when the shim of the container's group runs: the
 // bootstrap result to print, and true. false leaves the start to the full
 // shim (a new shim, or anything unexpected: the full shim decides and says
-// what is wrong).
-func start(a args, input []byte) ([]byte, bool) {
+// what is wrong); held is then the group's start lock, still held, if the
+// front took it.
+func start(a args, input []byte) (out []byte, held *shimaddr.Lock, ok bool) {
 	p, err := decodeParams(input)
 	if err != nil || len(input) == 0 || p.instanceID != a.id || p.namespace != a.namespace {
-		return nil, false
+		return nil, nil, false
 	}
 	spec, err := shimaddr.ReadSpec(".")
 	if err != nil {
-		return nil, false
+		return nil, nil, false
 	}
 	socketDir := shimaddr.SocketDir(p.socketDir)
 	group, rewrite := spec.ShimGroup()
 	grouping := group
+	var lock *shimaddr.Lock
 	if group == "" {
 		grouping = shimaddr.Grouping(p.instanceID, spec.Annotations)
-	} else {
-		unlock, err := shimaddr.LockStart(socketDir, group)
-		if err != nil {
-			return nil, false
-		}
-		defer unlock()
+	} else if lock, err = shimaddr.LockStart(socketDir, group); err != nil {
+		return nil, nil, false
 	}
 	address := shimaddr.Address(socketDir, p.grpcAddress, a.namespace, grouping, false)
 	if !canConnect(address) {
-		return nil, false
+		return nil, lock, false
+	}
+	if lock != nil {
+		defer lock.Release()
 	}
 	if rewrite {
 		if err := spec.SetRuncGroup(group); err != nil {
-			return nil, false
+			return nil, nil, false
 		}
 	}
 	if p.socketDir != "" {
 		if err := writeSocketDir(p.socketDir); err != nil {
-			return nil, false
+			return nil, nil, false
 		}
 	}
-	return encodeResult(address), true
+	return encodeResult(address), nil, true
 }
 
 // canConnect is containerd's pkg/shim CanConnect for a unix:// address: a
@@ -198,9 +210,9 @@ func writeSocketDir(dir string) error {
 }
 
 // execFull replaces the front with the full shim, same arguments,
-// environment and directory. input is what the front read of standard input:
-// the full shim reads it again from a memory file.
-func execFull(input []byte) {
+// environment (env, when not nil) and directory. input is what the front read
+// of standard input: the full shim reads it again from a memory file.
+func execFull(input []byte, env []string) {
 	fail := func(err error) {
 		fmt.Fprintf(os.Stderr, "%s: %s", filepath.Base(os.Args[0]), err)
 		os.Exit(1)
@@ -215,7 +227,10 @@ func execFull(input []byte) {
 			fail(fmt.Errorf("hand the bootstrap parameters to the full shim %s: %w", full, err))
 		}
 	}
-	err = syscall.Exec(full, os.Args, os.Environ())
+	if env == nil {
+		env = os.Environ()
+	}
+	err = syscall.Exec(full, os.Args, env)
 	fail(fmt.Errorf("run the full shim %s (install it beside %s): %w", full, self, err))
 }
 

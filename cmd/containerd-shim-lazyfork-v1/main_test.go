@@ -203,8 +203,15 @@ func TestStartAnswersAsTheFullShim(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newShimFixture(t, tc.ann)
 			orig := f.spec(t)
-			if out, ok := start(f.args, f.input); ok {
+			out, held, ok := start(f.args, f.input)
+			if ok {
 				t.Fatalf("no shim runs, the front answered % x", out)
+			}
+			if wantHeld := tc.ann[api.AnnotationShimGroup] != "" && tc.ann[shimaddr.AnnotationCRISandbox] == ""; (held != nil) != wantHeld {
+				t.Errorf("no shim runs: front holds the start lock %v, want %v", held != nil, wantHeld)
+			}
+			if held != nil {
+				held.Release()
 			}
 			if !bytes.Equal(f.spec(t), orig) {
 				t.Fatalf("no shim runs, the front rewrote the spec")
@@ -214,7 +221,7 @@ func TestStartAnswersAsTheFullShim(t *testing.T) {
 			}
 
 			f.listen(t, tc.grouping)
-			front, ok := start(f.args, f.input)
+			front, _, ok := start(f.args, f.input)
 			if !ok {
 				t.Fatal("the shim runs, the front left the start to the full shim")
 			}

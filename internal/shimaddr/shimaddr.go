@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -223,18 +225,37 @@ func writeFile(path string, data []byte, mode os.FileMode) error {
 	return os.Rename(tmp, path)
 }
 
+// LockEnv hands a held start lock to the program a process executes (the
+// front to the full shim): "FD:GROUP", the lock's descriptor left open across
+// the exec. Without it the lock would be free between the front's release and
+// the full shim's take, and other starts of the group would find no shim yet
+// and run the full shim too.
+const LockEnv = "LAZYFORK_SHIM_START_LOCK"
+
+// Lock is a held start lock of one shim group.
+type Lock struct {
+	f     *os.File
+	path  string
+	group string
+}
+
+// lockPath is the lock file of group's starts.
+func lockPath(socketDir, group string) string {
+	sum := sha256.Sum256([]byte(group))
+	return filepath.Join(socketDir, ".lazyfork-start-"+hex.EncodeToString(sum[:12])+".lock")
+}
+
 // LockStart takes an flock for the starts of one shim group, on a file in
-// socketDir (SocketDir) that the last holder removes, and returns its
-// release. runc's manager starts a second shim for a group when another
-// `shim start` of it has bound the socket but not yet listened (it takes the
-// refused connection for a stale socket and replaces it): forks of one batch
-// restore at once, so their starts are serialised.
-func LockStart(socketDir, group string) (func(), error) {
+// socketDir (SocketDir) that the last holder removes. runc's manager starts a
+// second shim for a group when another `shim start` of it has bound the
+// socket but not yet listened (it takes the refused connection for a stale
+// socket and replaces it): forks of one batch restore at once, so their
+// starts are serialised.
+func LockStart(socketDir, group string) (*Lock, error) {
 	if err := os.MkdirAll(socketDir, 0o711); err != nil {
 		return nil, fmt.Errorf("lock the start of shim group %s: %w", group, err)
 	}
-	sum := sha256.Sum256([]byte(group))
-	path := filepath.Join(socketDir, ".lazyfork-start-"+hex.EncodeToString(sum[:12])+".lock")
+	path := lockPath(socketDir, group)
 	for {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
@@ -246,12 +267,58 @@ func LockStart(socketDir, group string) (func(), error) {
 		}
 		// The previous holder may have removed the file after we opened it:
 		// then ours is a lock nobody else sees; take the new one.
-		var held, now syscall.Stat_t
-		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
-			return func() { os.Remove(path); f.Close() }, nil
+		if sameFile(int(f.Fd()), path) {
+			return &Lock{f: f, path: path, group: group}, nil
 		}
 		f.Close()
 	}
+}
+
+// Release removes the lock file and lets the next start of the group go.
+func (l *Lock) Release() {
+	os.Remove(l.path)
+	l.f.Close()
+}
+
+// Handoff keeps the lock open across an exec and returns the environment
+// entry (LockEnv) that tells the executed shim so (InheritedLock).
+func (l *Lock) Handoff() (string, error) {
+	fd := int(l.f.Fd())
+	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0); errno != 0 {
+		return "", fmt.Errorf("hand over the start lock of shim group %s: %w", l.group, errno)
+	}
+	return LockEnv + "=" + strconv.Itoa(fd) + ":" + l.group, nil
+}
+
+// InheritedLock returns the start lock of group that the process this one
+// replaced held and handed over (Handoff), nil if there is none. It takes
+// LockEnv out of the environment and keeps the descriptor from any program
+// this process starts (a shim daemon holding it would block every later
+// start of the group).
+func InheritedLock(socketDir, group string) *Lock {
+	v, ok := os.LookupEnv(LockEnv)
+	if !ok {
+		return nil
+	}
+	os.Unsetenv(LockEnv)
+	fds, g, _ := strings.Cut(v, ":")
+	fd, err := strconv.Atoi(fds)
+	if err != nil || fd < 3 {
+		return nil
+	}
+	syscall.CloseOnExec(fd)
+	path := lockPath(socketDir, group)
+	if g != group || !sameFile(fd, path) {
+		syscall.Close(fd)
+		return nil
+	}
+	return &Lock{f: os.NewFile(uintptr(fd), path), path: path, group: group}
+}
+
+// sameFile reports whether fd is the file at path.
+func sameFile(fd int, path string) bool {
+	var held, now syscall.Stat_t
+	return syscall.Fstat(fd, &held) == nil && syscall.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev
 }
 
 func flock(f *os.File) error {

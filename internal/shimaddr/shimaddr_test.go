@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shim"
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
 )
@@ -152,31 +153,95 @@ func TestSetShimGroup(t *testing.T) {
 // The start lock excludes a second holder until released, and leaves no file.
 func TestLockStart(t *testing.T) {
 	dir := t.TempDir()
-	unlock, err := LockStart(dir, "g")
+	lock, err := LockStart(dir, "g")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan func())
+	got := make(chan *Lock)
 	go func() {
-		u, err := LockStart(dir, "g")
+		l, err := LockStart(dir, "g")
 		if err != nil {
 			t.Error(err)
 		}
-		got <- u
+		got <- l
 	}()
 	other, err := LockStart(dir, "h")
 	if err != nil {
 		t.Fatal(err)
 	}
-	other()
+	other.Release()
 	select {
 	case <-got:
 		t.Fatal("second holder of g got the lock while the first held it")
 	default:
 	}
-	unlock()
-	(<-got)()
+	lock.Release()
+	(<-got).Release()
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("lock files left: %v", ents)
 	}
+}
+
+// A lock handed over (as the front does to the full shim across exec) is
+// the inheritor's, for its group only; the hand-over leaves the environment
+// and the descriptor closes on the next exec again.
+func TestLockHandoff(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		group string
+		taken bool
+	}{{"g", true}, {"other", false}} {
+		lock, err := LockStart(dir, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv, err := lock.Handoff()
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+		fd := int(lock.f.Fd())
+		inherited := InheritedLock(dir, tc.group)
+		if _, still := os.LookupEnv(LockEnv); still {
+			t.Errorf("%s still in the environment", LockEnv)
+		}
+		if (inherited != nil) != tc.taken {
+			t.Fatalf("group %s: inherited %v, want %v", tc.group, inherited != nil, tc.taken)
+		}
+		if inherited == nil {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil {
+				t.Errorf("group %s: the handed-over descriptor %d is still open", tc.group, fd)
+			}
+			if free, err := tryLock(dir, "g"); err != nil || !free {
+				t.Errorf("group %s: the lock of g refused is still held (%v)", tc.group, err)
+			}
+			os.Remove(lockPath(dir, "g"))
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil || flags&unix.FD_CLOEXEC == 0 {
+			t.Errorf("inherited descriptor flags %#x %v: want close-on-exec", flags, err)
+		}
+		if l, err := tryLock(dir, "g"); err != nil || l {
+			t.Errorf("inherited lock not held: another open could lock it (%v)", err)
+		}
+		inherited.Release()
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("lock files left: %v", ents)
+	}
+}
+
+// tryLock reports whether group's lock file could be locked now.
+func tryLock(dir, group string) (bool, error) {
+	f, err := os.Open(lockPath(dir, group))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if err == unix.EWOULDBLOCK {
+		return false, nil
+	}
+	return err == nil, err
 }
