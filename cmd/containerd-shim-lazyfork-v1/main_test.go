@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -139,7 +140,7 @@ type shimFixture struct {
 	args              args
 }
 
-func newShimFixture(t *testing.T, ann map[string]string) *shimFixture {
+func newShimFixture(t testing.TB, ann map[string]string) *shimFixture {
 	t.Helper()
 	// A short socket directory: a unix socket path has at most 107 bytes.
 	sd, err := os.MkdirTemp("", "lfs-")
@@ -250,6 +251,57 @@ func TestStartAnswersAsTheFullShim(t *testing.T) {
 			}
 			if ents, _ := os.ReadDir(f.socketDir); len(ents) != 1 {
 				t.Errorf("socket dir holds %v, want the shim's socket only", ents)
+			}
+		})
+	}
+}
+
+// BenchmarkStartRunningShim times `start` of a fork whose batch's shim runs,
+// as containerd runs it (a new process, the bootstrap parameters on stdin),
+// answered by the front and by the full shim; and `-v`, which the front
+// hands to the full shim (the extra exec every other command pays). It
+// needs the built binaries: LAZYFORK_BIN=bin (make build).
+func BenchmarkStartRunningShim(b *testing.B) {
+	bin := os.Getenv("LAZYFORK_BIN")
+	if bin == "" {
+		b.Skip("LAZYFORK_BIN unset: make build, then LAZYFORK_BIN=$PWD/bin")
+	}
+	f := newShimFixture(b, map[string]string{api.AnnotationShimGroup: "fam-snap-0"})
+	l, err := net.Listen("unix", strings.TrimPrefix(shimaddr.Address(f.socketDir, f.params.ContainerdGrpcAddress, "default", shimaddr.GroupID("fam-snap-0"), false), "unix://"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	want := encodeResult("unix://" + l.Addr().String())
+	argv := []string{"-namespace", "default", "-address", f.params.ContainerdGrpcAddress, "-publish-binary", "/usr/local/bin/containerd", "-id", "fork-2", "start"}
+	for _, name := range []string{"containerd-shim-lazyfork-v1", FullName} {
+		b.Run("start/"+name, func(b *testing.B) {
+			for b.Loop() {
+				cmd := exec.Command(filepath.Join(bin, name), argv...)
+				cmd.Dir = f.bundle
+				cmd.Stdin = bytes.NewReader(f.input)
+				out, err := cmd.Output()
+				if err != nil || !bytes.Equal(out, want) {
+					b.Fatalf("%s start: % x %v, want % x", name, out, err, want)
+				}
+			}
+		})
+	}
+	for _, name := range []string{"containerd-shim-lazyfork-v1", FullName} {
+		b.Run("version/"+name, func(b *testing.B) {
+			for b.Loop() {
+				if out, err := exec.Command(filepath.Join(bin, name), "-v").Output(); err != nil || !bytes.Contains(out, []byte("Version")) {
+					b.Fatalf("%s -v: %s %v", name, out, err)
+				}
 			}
 		})
 	}
