@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -305,4 +306,45 @@ func BenchmarkStartRunningShim(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A start the front leaves to the full shim keeps the group's start lock
+// held across the exec, and the full shim's manager takes it over instead of
+// waiting for it (which would wait forever), then frees it.
+func TestHeldLockGoesToTheFullShim(t *testing.T) {
+	f := newShimFixture(t, map[string]string{api.AnnotationShimGroup: "fam-snap-1"})
+	_, held, ok := start(f.args, f.input)
+	if ok || held == nil {
+		t.Fatalf("no shim runs: front answered %v, holds the lock %v; want neither answer nor release", ok, held != nil)
+	}
+	kv, err := held.Handoff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, v, _ := strings.Cut(kv, "=")
+	t.Setenv(k, v)
+	// The shim the full shim would start (runc's manager would spawn it).
+	f.listen(t, shimaddr.GroupID("fam-snap-1"))
+	done := make(chan error, 1)
+	go func() {
+		ctx := namespaces.WithNamespace(context.Background(), "default")
+		_, err := lfshim.NewManager(api.RuntimeName).Start(ctx, f.params)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the manager waits for the start lock the front handed it")
+	}
+	if _, still := os.LookupEnv(shimaddr.LockEnv); still {
+		t.Errorf("%s left for the shim daemon to inherit", shimaddr.LockEnv)
+	}
+	lock, err := shimaddr.LockStart(f.socketDir, shimaddr.GroupID("fam-snap-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock.Release()
 }
