@@ -13,7 +13,9 @@ ZDTM_FLAGS ?=
 # zdtm.py's flavour: h (host namespaces) or ns (new pid/mount/net/ipc/uts namespaces)
 ZDTM_FLAVOR ?= h
 
-COMMANDS := containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-memfile
+# The full shim before the front that runs it: an install never leaves a new
+# front beside no full shim.
+COMMANDS := containerd-shim-lazyfork-v1-full containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-memfile
 # lazyfork --version (the go env here has -buildvcs=false: no VCS stamp in the build info)
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 

@@ -48,7 +48,7 @@ func lfBin(t testing.TB) string {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-lazyfork-v1", "./cmd/lazyfork", "./cmd/lazyfork-snapshotter")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-lazyfork-v1", "./cmd/containerd-shim-lazyfork-v1-full", "./cmd/lazyfork", "./cmd/lazyfork-snapshotter")
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build LazyFork binaries: %v\n%s", err, out)

@@ -62,7 +62,7 @@ wait_out() {
 	done
 }
 
-for b in lazyfork lazyfork-snapshotter containerd-shim-lazyfork-v1; do
+for b in lazyfork lazyfork-snapshotter containerd-shim-lazyfork-v1 containerd-shim-lazyfork-v1-full; do
 	[[ -x $BIN/$b ]] || fail "$BIN/$b missing: run make build"
 done
 for i in busybox python; do

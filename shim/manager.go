@@ -3,10 +3,6 @@ package shim
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,15 +11,13 @@ import (
 	"github.com/containerd/containerd/api/types"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
-	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
-	"golang.org/x/sys/unix"
 
-	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/shimaddr"
 )
 
 // NewManager returns the shim manager of io.containerd.lazyfork.v1: runc's
@@ -49,103 +43,25 @@ var _ shim.Shim = (*lfManager)(nil)
 // apply, and a shim socket is per containerd namespace, so it cannot join a
 // container of another namespace or pod.
 func (m *lfManager) Start(ctx context.Context, params *bootapi.BootstrapParams) (*bootapi.BootstrapResult, error) {
-	group, err := groupByShimGroup(".")
+	// The front binary (cmd/containerd-shim-lazyfork-v1) answers the starts
+	// that find their shim running with the same package's group, lock and
+	// address, and hands every other start to this one, with the group's
+	// start lock when it took it.
+	group, err := shimaddr.SetShimGroup(".")
 	if err != nil {
 		return nil, err
 	}
-	if group != "" {
-		// runc's manager starts a second shim for a group when another
-		// `shim start` of it has bound the socket but not yet listened
-		// (it takes the refused connection for a stale socket and replaces
-		// it): forks of one batch restore at once, so serialise their starts.
-		unlock, err := lockShimStart(params.GetSocketDir(), group)
-		if err != nil {
+	socketDir := shimaddr.SocketDir(params.GetSocketDir())
+	lock := shimaddr.InheritedLock(socketDir, group)
+	if lock == nil && group != "" {
+		if lock, err = shimaddr.LockStart(socketDir, group); err != nil {
 			return nil, err
 		}
-		defer unlock()
+	}
+	if lock != nil {
+		defer lock.Release()
 	}
 	return m.Shim.Start(ctx, params)
-}
-
-// lockShimStart takes an flock for the starts of one shim group, on a file
-// beside the shim sockets that the last holder removes.
-func lockShimStart(socketDir, group string) (func(), error) {
-	if socketDir == "" {
-		socketDir = "/run/containerd/s"
-	}
-	if err := os.MkdirAll(socketDir, 0o711); err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256([]byte(group))
-	path := filepath.Join(socketDir, ".lazyfork-start-"+hex.EncodeToString(sum[:12])+".lock")
-	for {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("lock the start of shim group %s: %w", group, err)
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("lock the start of shim group %s: %w", group, err)
-		}
-		// The previous holder may have removed the file after we opened it:
-		// then ours is a lock nobody else sees; take the new one.
-		var held, now unix.Stat_t
-		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
-			return func() { os.Remove(path); f.Close() }, nil
-		}
-		f.Close()
-	}
-}
-
-// shimGroupPrefix keeps LazyFork's groups apart from container ids (runc's
-// default group is the container's own id).
-const shimGroupPrefix = "lazyfork-group-"
-
-// shimGroupID turns a group name into runc's group: the name itself when it
-// is a short, plain identifier, else a digest of it (a family and a snapshot
-// name together may exceed containerd's 76 characters).
-func shimGroupID(group string) string {
-	if id := shimGroupPrefix + group; identifiers.Validate(id) == nil {
-		return id
-	}
-	sum := sha256.Sum256([]byte(group))
-	return shimGroupPrefix + hex.EncodeToString(sum[:16])
-}
-
-// groupByShimGroup sets runc's group from lazyfork.io/shim-group and returns
-// the group it set ("" when it set none).
-func groupByShimGroup(bundle string) (string, error) {
-	path := filepath.Join(bundle, specFile)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	// Only the annotations are touched; the rest of the document is kept as is.
-	var doc map[string]json.RawMessage
-	if err := json.Unmarshal(b, &doc); err != nil {
-		return "", fmt.Errorf("decode bundle spec: %w", err)
-	}
-	ann := map[string]string{}
-	if raw, ok := doc["annotations"]; ok {
-		if err := json.Unmarshal(raw, &ann); err != nil {
-			return "", fmt.Errorf("decode spec annotations: %w", err)
-		}
-	}
-	group := ann[api.AnnotationShimGroup]
-	if group == "" || ann[AnnotationRuncGroup] != "" || ann[AnnotationCRISandbox] != "" {
-		return "", nil
-	}
-	ann[AnnotationRuncGroup] = shimGroupID(group)
-	raw, err := json.Marshal(ann)
-	if err != nil {
-		return "", err
-	}
-	doc["annotations"] = raw
-	out, err := json.Marshal(doc)
-	if err != nil {
-		return "", err
-	}
-	return ann[AnnotationRuncGroup], writeFileAtomic(path, out, 0o600)
 }
 
 // Stop is the `delete` subcommand, run when a shim is gone: runc's cleanup, then

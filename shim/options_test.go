@@ -8,12 +8,9 @@ import (
 
 	runcopts "github.com/containerd/containerd/api/types/runc/options"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
-	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/lazyfork/lazyfork/api"
 )
 
 // CRI sends a non-runc runtime the handler's [options] as a TOML blob; runc's
@@ -90,42 +87,6 @@ func TestCheckpointOptions(t *testing.T) {
 	}
 }
 
-// A batch of forks names its shim group; the manager turns that into runc's
-// group. A family annotation alone never groups (a container naming another's
-// family must not land in its shim), and CRI pods and explicit groups are left
-// alone.
-func TestGroupByShimGroup(t *testing.T) {
-	for _, tc := range []struct {
-		ann  map[string]string
-		want string
-	}{
-		{map[string]string{api.AnnotationFamily: "fam"}, ""},
-		{map[string]string{api.AnnotationFamily: "fam", api.AnnotationShimGroup: "fam-x-0"}, shimGroupPrefix + "fam-x-0"},
-		{map[string]string{api.AnnotationShimGroup: "b", AnnotationRuncGroup: "g"}, "g"},
-		{map[string]string{api.AnnotationShimGroup: "b", AnnotationCRISandbox: "pod"}, ""},
-		{nil, ""},
-	} {
-		dir := t.TempDir()
-		s := &specs.Spec{Version: "1.2.0", Annotations: tc.ann, Process: &specs.Process{Args: []string{"x"}}}
-		if err := writeSpec(dir, s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := groupByShimGroup(dir); err != nil {
-			t.Fatal(err)
-		}
-		got, err := readSpec(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if g := got.Annotations[AnnotationRuncGroup]; g != tc.want {
-			t.Errorf("annotations %v: group %q, want %q", tc.ann, g, tc.want)
-		}
-		if got.Process == nil || got.Process.Args[0] != "x" {
-			t.Errorf("spec lost its process: %+v", got.Process)
-		}
-	}
-}
-
 func TestSpecEdits(t *testing.T) {
 	s := &specs.Spec{Mounts: []specs.Mount{{Destination: "/proc"}, {Destination: "/.lazyfork/mem/", Source: "/old"}}}
 	withMemMount(s, "/run/lazyfork/mem/fam")
@@ -183,18 +144,5 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("LAZYFORK_OVERCOMMIT", "3")
 	if _, err := ConfigFromEnv(); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("overcommit 3: %v", err)
-	}
-}
-
-// A group name too long or odd for containerd's identifiers still groups,
-// by its digest, and distinct names stay distinct.
-func TestShimGroupID(t *testing.T) {
-	long := strings.Repeat("f", 64) + "-" + strings.Repeat("a", 32) + "-0"
-	a, b := shimGroupID(long), shimGroupID(long[:len(long)-1]+"1")
-	if a == b || identifiers.Validate(a) != nil || identifiers.Validate(b) != nil {
-		t.Fatalf("groups %q and %q: want distinct valid identifiers", a, b)
-	}
-	if g := shimGroupID("fam-x-0"); g != shimGroupPrefix+"fam-x-0" {
-		t.Errorf("short group %q, want it kept readable", g)
 	}
 }

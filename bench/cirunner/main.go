@@ -54,12 +54,12 @@ func run(jobs, tests int, sizeName, out string) error {
 		out = filepath.Join(repo, "bench", "results")
 	}
 	bin := os.Getenv("LAZYFORK_BIN")
-	if _, err := os.Stat(filepath.Join(bin, "containerd-shim-lazyfork-v1")); bin == "" || err != nil {
+	if _, err := os.Stat(filepath.Join(bin, "containerd-shim-lazyfork-v1-full")); bin == "" || err != nil {
 		if bin, err = os.MkdirTemp("", "lf-cirunner-bin-"); err != nil {
 			return err
 		}
 		defer os.RemoveAll(bin)
-		cmd := exec.Command("go", "build", "-o", bin+"/", "./cmd/containerd-shim-lazyfork-v1")
+		cmd := exec.Command("go", "build", "-o", bin+"/", "./cmd/containerd-shim-lazyfork-v1", "./cmd/containerd-shim-lazyfork-v1-full")
 		cmd.Dir = repo
 		if b, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("build shim: %v\n%s", err, b)

@@ -152,11 +152,12 @@ func runBreakdownOnly() error {
 	return nil
 }
 
-// binaries returns a directory with containerd-shim-lazyfork-v1: $LAZYFORK_BIN
+// binaries returns a directory with the shim (containerd-shim-lazyfork-v1 and
+// containerd-shim-lazyfork-v1-full): $LAZYFORK_BIN
 // (make bench-fork builds it) or a fresh build.
 func binaries(repo string) (string, func(), error) {
 	if d := os.Getenv("LAZYFORK_BIN"); d != "" {
-		if _, err := os.Stat(filepath.Join(d, "containerd-shim-lazyfork-v1")); err == nil {
+		if _, err := os.Stat(filepath.Join(d, "containerd-shim-lazyfork-v1-full")); err == nil {
 			return d, func() {}, nil
 		}
 	}
@@ -164,7 +165,7 @@ func binaries(repo string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-lazyfork-v1")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-lazyfork-v1", "./cmd/containerd-shim-lazyfork-v1-full")
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)

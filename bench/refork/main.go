@@ -128,7 +128,7 @@ func run(cfg config, outDir string) error {
 	if bin == "" {
 		bin = filepath.Join(repo, "bin")
 	}
-	if _, err := os.Stat(filepath.Join(bin, "containerd-shim-lazyfork-v1")); err != nil {
+	if _, err := os.Stat(filepath.Join(bin, "containerd-shim-lazyfork-v1-full")); err != nil {
 		return fmt.Errorf("no shim in %s (make build, or set LAZYFORK_BIN): %w", bin, err)
 	}
 	b, err := newBench(bin, cfg)

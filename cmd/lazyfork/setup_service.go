@@ -294,11 +294,14 @@ func (a *app) downSystemd(ctx context.Context) error {
 	return nil
 }
 
-// lazyforkShims lists the LazyFork shims serving containerd at address.
+// lazyforkShims lists the LazyFork shims serving containerd at address: the
+// daemons run containerd-shim-lazyfork-v1-full (shims started before the
+// front binary existed run containerd-shim-lazyfork-v1).
 func lazyforkShims(address string) []int {
 	var pids []int
 	for _, p := range procfs.Find(func(args []string) bool {
-		return filepath.Base(args[0]) == "containerd-shim-lazyfork-v1" && procfs.HasArg(args, address, "-address", "--address")
+		name := filepath.Base(args[0])
+		return (name == "containerd-shim-lazyfork-v1-full" || name == "containerd-shim-lazyfork-v1") && procfs.HasArg(args, address, "-address", "--address")
 	}) {
 		pids = append(pids, p.PID)
 	}

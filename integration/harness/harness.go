@@ -24,7 +24,8 @@ type Options struct {
 	// Containerd is the daemon binary; "" means `containerd` from PATH.
 	Containerd string
 	// BinDirs are prepended to containerd's PATH, e.g. the directory holding
-	// containerd-shim-lazyfork-v1.
+	// containerd-shim-lazyfork-v1 (and the full shim it runs,
+	// containerd-shim-lazyfork-v1-full).
 	BinDirs []string
 	// Env is added to containerd's environment (KEY=VALUE); shims inherit it.
 	Env []string

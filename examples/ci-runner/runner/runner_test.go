@@ -26,7 +26,7 @@ func setup(t *testing.T, size runner.Size) (*runner.Runner, context.Context) {
 		t.Fatal(err)
 	}
 	bin := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", bin+"/", "./cmd/containerd-shim-lazyfork-v1")
+	cmd := exec.Command("go", "build", "-o", bin+"/", "./cmd/containerd-shim-lazyfork-v1", "./cmd/containerd-shim-lazyfork-v1-full")
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build shim: %v\n%s", err, out)

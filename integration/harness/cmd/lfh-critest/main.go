@@ -204,7 +204,7 @@ func run(ctx context.Context, o options) (int, error) {
 	if _, err := os.Stat(o.critest); err != nil {
 		return 0, fmt.Errorf("no critest binary (build it with scripts/critest.sh): %w", err)
 	}
-	if _, err := os.Stat(filepath.Join(o.bin, "containerd-shim-lazyfork-v1")); err != nil {
+	if _, err := os.Stat(filepath.Join(o.bin, "containerd-shim-lazyfork-v1-full")); err != nil {
 		return 0, fmt.Errorf("no LazyFork shim in %s (make build): %w", o.bin, err)
 	}
 	if o.out == "" {

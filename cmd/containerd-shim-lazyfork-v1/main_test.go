@@ -1,0 +1,350 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
+	"github.com/containerd/containerd/v2/pkg/shim"
+
+	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/shimaddr"
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
+	lfshim "github.com/lazyfork/lazyfork/shim"
+)
+
+func TestNamesMatchTheirOwners(t *testing.T) {
+	if madvguardServeEnv != madvguard.ServeEnv {
+		t.Errorf("madvguardServeEnv %q, madvguard's %q", madvguardServeEnv, madvguard.ServeEnv)
+	}
+}
+
+// bootstrapParams are the parameters containerd 2.4 writes to `start`'s
+// standard input (core/runtime/v2 command).
+func bootstrapParams(t testing.TB, id, ns, socketDir string) *bootapi.BootstrapParams {
+	p := &bootapi.BootstrapParams{
+		InstanceID:             id,
+		Namespace:              ns,
+		LogLevel:               bootapi.LogLevel_LOG_LEVEL_DEBUG,
+		ContainerdVersion:      "v2.4.2",
+		ContainerdGrpcAddress:  "/tmp/lfh-1/containerd.sock",
+		ContainerdTtrpcAddress: "/tmp/lfh-1/containerd.sock.ttrpc",
+		ContainerdBinary:       "/usr/local/bin/containerd",
+	}
+	if socketDir != "" {
+		p.SocketDir = &socketDir
+	}
+	if err := p.AddExtension(&options.Options{BinaryName: "runc", Root: "/run/runc", ShimCgroup: "/x"}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The front reads the parameters containerd's generated code writes, and
+// rejects whatever that code rejects (then the full shim reads them).
+func TestDecodeParamsIsContainerds(t *testing.T) {
+	for _, dir := range []string{"", "/tmp/lfh-1/s"} {
+		in, err := proto.Marshal(bootstrapParams(t, "fork-1", "default", dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := decodeParams(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := params{instanceID: "fork-1", namespace: "default", grpcAddress: "/tmp/lfh-1/containerd.sock", socketDir: dir}
+		if p != want {
+			t.Errorf("decoded %+v, want %+v", p, want)
+		}
+	}
+	valid, _ := proto.Marshal(bootstrapParams(t, "fork-1", "default", "/s"))
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 50000 {
+		b := bytes.Clone(valid)
+		for range 1 + r.IntN(3) {
+			if len(b) == 0 {
+				break
+			}
+			switch r.IntN(3) {
+			case 0:
+				b[r.IntN(len(b))] = byte(r.IntN(256))
+			case 1:
+				b = b[:r.IntN(len(b))]
+			case 2:
+				b[r.IntN(len(b))] ^= 0x80
+			}
+		}
+		var full bootapi.BootstrapParams
+		ferr := proto.Unmarshal(b, &full)
+		p, err := decodeParams(b)
+		switch {
+		case ferr != nil && err == nil:
+			t.Fatalf("% x: front decodes %+v, containerd rejects it: %v", b, p, ferr)
+		case ferr == nil && err == nil:
+			if p.instanceID != full.InstanceID || p.namespace != full.Namespace || p.grpcAddress != full.ContainerdGrpcAddress || p.socketDir != full.GetSocketDir() {
+				t.Fatalf("% x: front decodes %+v, containerd %v", b, p, &full)
+			}
+		}
+	}
+}
+
+func TestEncodeResultIsContainerds(t *testing.T) {
+	for _, addr := range []string{"unix:///run/containerd/s/" + strings.Repeat("ab", 32), "unix://" + strings.Repeat("/x", 100)} {
+		want, err := proto.Marshal(&bootapi.BootstrapResult{Version: 3, Address: addr, Protocol: "ttrpc"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := encodeResult(addr); !bytes.Equal(got, want) {
+			t.Errorf("encodeResult(%q) = % x, containerd's % x", addr, got, want)
+		}
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	// containerd 2.4's command line for `start` (core/runtime/v2 command).
+	a, ok := parseArgs([]string{"-namespace", "default", "-address", "/run/containerd/containerd.sock", "-publish-binary", "/usr/local/bin/containerd", "-id", "fork-1", "-debug", "start"})
+	if want := (args{namespace: "default", id: "fork-1", address: "/run/containerd/containerd.sock", action: "start"}); !ok || a != want {
+		t.Errorf("parsed %+v %v, want %+v", a, ok, want)
+	}
+	a, ok = parseArgs([]string{"--namespace=k8s.io", "-id=c", "-bundle", "/b", "delete"})
+	if want := (args{namespace: "k8s.io", id: "c", action: "delete"}); !ok || a != want {
+		t.Errorf("parsed %+v %v, want %+v", a, ok, want)
+	}
+	for _, argv := range [][]string{
+		{"-v"}, {"-info", "-namespace", "x"}, {"-id", "c", "start"}, {"-namespace", "x", "-bogus", "start"}, {"-namespace"},
+		{"lazyfork-hook", "overcommit", "f"}, {"-namespace", "x", "-debug=maybe", "start"},
+	} {
+		if a, ok := parseArgs(argv); ok && a.action == "start" {
+			t.Errorf("%q: the front would serve %+v, want the full shim", argv, a)
+		}
+	}
+}
+
+// shimFixture is a bundle and a socket directory where a shim of the group
+// of the bundle's spec may listen.
+type shimFixture struct {
+	bundle, socketDir string
+	params            *bootapi.BootstrapParams
+	input             []byte
+	args              args
+}
+
+func newShimFixture(t testing.TB, ann map[string]string) *shimFixture {
+	t.Helper()
+	// A short socket directory: a unix socket path has at most 107 bytes.
+	sd, err := os.MkdirTemp("", "lfs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sd) })
+	f := &shimFixture{bundle: t.TempDir(), socketDir: sd}
+	spec := map[string]any{"ociVersion": "1.2.0", "process": map[string]any{"args": []string{"sleep", "1"}}, "annotations": ann}
+	b, _ := json.MarshalIndent(spec, "", "\t")
+	if err := os.WriteFile(filepath.Join(f.bundle, shimaddr.SpecFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.params = bootstrapParams(t, "fork-2", "default", f.socketDir)
+	f.params.LogLevel = bootapi.LogLevel_LOG_LEVEL_INFO
+	f.input, _ = proto.Marshal(f.params)
+	f.args = args{namespace: "default", id: "fork-2", address: f.params.ContainerdGrpcAddress, action: "start"}
+	t.Chdir(f.bundle)
+	return f
+}
+
+// listen makes a shim of grouping listen where containerd's pkg/shim puts it.
+func (f *shimFixture) listen(t *testing.T, grouping string) {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), "default")
+	addr, err := shim.CreateSocketAddress(ctx, f.socketDir, f.params.ContainerdGrpcAddress, grouping, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", strings.TrimPrefix(addr, "unix://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
+func (f *shimFixture) spec(t *testing.T) []byte {
+	b, err := os.ReadFile(filepath.Join(f.bundle, shimaddr.SpecFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Where a batch's shim runs, the front answers `start` byte for byte as the
+// full shim's manager (LazyFork's manager on runc's) does, and leaves the
+// bundle as it leaves it; where it does not, the front answers nothing and
+// changes nothing.
+func TestStartAnswersAsTheFullShim(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ann      map[string]string
+		grouping string // the shim that runs
+	}{
+		{"batch", map[string]string{api.AnnotationShimGroup: "fam-snap-0", api.AnnotationFamily: "fam"}, shimaddr.GroupID("fam-snap-0")},
+		{"long batch name", map[string]string{api.AnnotationShimGroup: strings.Repeat("f", 80) + "-0"}, shimaddr.GroupID(strings.Repeat("f", 80) + "-0")},
+		{"pod", map[string]string{api.AnnotationShimGroup: "b", shimaddr.AnnotationCRISandbox: "pod1"}, "pod1"},
+		{"runc group", map[string]string{shimaddr.AnnotationRuncGroup: "g"}, "g"},
+		{"own shim", nil, "fork-2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newShimFixture(t, tc.ann)
+			orig := f.spec(t)
+			out, held, ok := start(f.args, f.input)
+			if ok {
+				t.Fatalf("no shim runs, the front answered % x", out)
+			}
+			if wantHeld := tc.ann[api.AnnotationShimGroup] != "" && tc.ann[shimaddr.AnnotationCRISandbox] == ""; (held != nil) != wantHeld {
+				t.Errorf("no shim runs: front holds the start lock %v, want %v", held != nil, wantHeld)
+			}
+			if held != nil {
+				held.Release()
+			}
+			if !bytes.Equal(f.spec(t), orig) {
+				t.Fatalf("no shim runs, the front rewrote the spec")
+			}
+			if _, err := os.Lstat(socketDirLink); err == nil {
+				t.Fatalf("no shim runs, the front linked the socket dir")
+			}
+
+			f.listen(t, tc.grouping)
+			front, _, ok := start(f.args, f.input)
+			if !ok {
+				t.Fatal("the shim runs, the front left the start to the full shim")
+			}
+			frontSpec := f.spec(t)
+			if link, err := os.Readlink(socketDirLink); err != nil || link != f.socketDir {
+				t.Errorf("socket dir link %q %v, want %q", link, err, f.socketDir)
+			}
+
+			if err := os.WriteFile(filepath.Join(f.bundle, shimaddr.SpecFile), orig, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ctx := namespaces.WithNamespace(context.Background(), "default")
+			res, err := lfshim.NewManager(api.RuntimeName).Start(ctx, f.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			full, err := proto.Marshal(res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(front, full) {
+				t.Errorf("front answered % x, the full shim % x (%v)", front, full, res)
+			}
+			if fullSpec := f.spec(t); !bytes.Equal(frontSpec, fullSpec) {
+				t.Errorf("front left the spec\n%s\nthe full shim\n%s", frontSpec, fullSpec)
+			}
+			if ents, _ := os.ReadDir(f.socketDir); len(ents) != 1 {
+				t.Errorf("socket dir holds %v, want the shim's socket only", ents)
+			}
+		})
+	}
+}
+
+// BenchmarkStartRunningShim times `start` of a fork whose batch's shim runs,
+// as containerd runs it (a new process, the bootstrap parameters on stdin),
+// answered by the front and by the full shim; and `-v`, which the front
+// hands to the full shim (the extra exec every other command pays). It
+// needs the built binaries: LAZYFORK_BIN=bin (make build).
+func BenchmarkStartRunningShim(b *testing.B) {
+	bin := os.Getenv("LAZYFORK_BIN")
+	if bin == "" {
+		b.Skip("LAZYFORK_BIN unset: make build, then LAZYFORK_BIN=$PWD/bin")
+	}
+	f := newShimFixture(b, map[string]string{api.AnnotationShimGroup: "fam-snap-0"})
+	l, err := net.Listen("unix", strings.TrimPrefix(shimaddr.Address(f.socketDir, f.params.ContainerdGrpcAddress, "default", shimaddr.GroupID("fam-snap-0"), false), "unix://"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	want := encodeResult("unix://" + l.Addr().String())
+	argv := []string{"-namespace", "default", "-address", f.params.ContainerdGrpcAddress, "-publish-binary", "/usr/local/bin/containerd", "-id", "fork-2", "start"}
+	for _, name := range []string{"containerd-shim-lazyfork-v1", FullName} {
+		b.Run("start/"+name, func(b *testing.B) {
+			for b.Loop() {
+				cmd := exec.Command(filepath.Join(bin, name), argv...)
+				cmd.Dir = f.bundle
+				cmd.Stdin = bytes.NewReader(f.input)
+				out, err := cmd.Output()
+				if err != nil || !bytes.Equal(out, want) {
+					b.Fatalf("%s start: % x %v, want % x", name, out, err, want)
+				}
+			}
+		})
+	}
+	for _, name := range []string{"containerd-shim-lazyfork-v1", FullName} {
+		b.Run("version/"+name, func(b *testing.B) {
+			for b.Loop() {
+				if out, err := exec.Command(filepath.Join(bin, name), "-v").Output(); err != nil || !bytes.Contains(out, []byte("Version")) {
+					b.Fatalf("%s -v: %s %v", name, out, err)
+				}
+			}
+		})
+	}
+}
+
+// A start the front leaves to the full shim keeps the group's start lock
+// held across the exec, and the full shim's manager takes it over instead of
+// waiting for it (which would wait forever), then frees it.
+func TestHeldLockGoesToTheFullShim(t *testing.T) {
+	f := newShimFixture(t, map[string]string{api.AnnotationShimGroup: "fam-snap-1"})
+	_, held, ok := start(f.args, f.input)
+	if ok || held == nil {
+		t.Fatalf("no shim runs: front answered %v, holds the lock %v; want neither answer nor release", ok, held != nil)
+	}
+	kv, err := held.Handoff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, v, _ := strings.Cut(kv, "=")
+	t.Setenv(k, v)
+	// The shim the full shim would start (runc's manager would spawn it).
+	f.listen(t, shimaddr.GroupID("fam-snap-1"))
+	done := make(chan error, 1)
+	go func() {
+		ctx := namespaces.WithNamespace(context.Background(), "default")
+		_, err := lfshim.NewManager(api.RuntimeName).Start(ctx, f.params)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the manager waits for the start lock the front handed it")
+	}
+	if _, still := os.LookupEnv(shimaddr.LockEnv); still {
+		t.Errorf("%s left for the shim daemon to inherit", shimaddr.LockEnv)
+	}
+	lock, err := shimaddr.LockStart(f.socketDir, shimaddr.GroupID("fam-snap-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock.Release()
+}

@@ -1,0 +1,331 @@
+// Package shimaddr is the one place that says which shim process serves a
+// LazyFork container: the group a container's spec puts it in (runc's
+// grouping, with lazyfork.io/shim-group turned into runc's group), the lock
+// that serialises the starts of one group, and the socket address containerd's
+// pkg/shim gives that group. Both the shim's manager (shim.NewManager) and the
+// small front binary containerd runs for `start`
+// (cmd/containerd-shim-lazyfork-v1) use it, so they cannot disagree.
+//
+// It imports the standard library only: the front must start in a
+// millisecond or two, without containerd's client, grpc or protobuf.
+package shimaddr
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// Annotations of a container's OCI spec that decide its shim.
+const (
+	// AnnotationShimGroup is api.AnnotationShimGroup (a test holds them equal;
+	// package api pulls in protobuf, which the front must not link).
+	AnnotationShimGroup = "lazyfork.io/shim-group"
+	// AnnotationRuncGroup is runc's shim grouping annotation; the manager sets
+	// it from AnnotationShimGroup.
+	AnnotationRuncGroup = "io.containerd.runc.v2.group"
+	// AnnotationCRISandbox groups the containers of a CRI pod; it wins over
+	// AnnotationShimGroup.
+	AnnotationCRISandbox = "io.kubernetes.cri.sandbox-id"
+)
+
+// SpecFile is the bundle's OCI spec.
+const SpecFile = "config.json"
+
+// DefaultSocketDir is where containerd's shims put their sockets when
+// containerd names no directory: containerd's defaults.DefaultStateDir + "/s".
+const DefaultSocketDir = "/run/containerd/s"
+
+// GroupPrefix keeps LazyFork's groups apart from container ids (runc's
+// default group is the container's own id).
+const GroupPrefix = "lazyfork-group-"
+
+// groupLabels are runc's manager's grouping annotations, in its order
+// (cmd/containerd-shim-runc-v2/manager groupLabels).
+var groupLabels = [...]string{AnnotationRuncGroup, AnnotationCRISandbox}
+
+// maxIdentifier is containerd's identifiers' maximum length.
+const maxIdentifier = 76
+
+// ValidIdentifier reports whether containerd's identifiers.Validate accepts
+// s: 1 to 76 characters, runs of [A-Za-z0-9] joined by single [._-].
+func ValidIdentifier(s string) bool {
+	if len(s) == 0 || len(s) > maxIdentifier {
+		return false
+	}
+	alnum := false // the previous character was alphanumeric
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+			alnum = true
+		case c == '.' || c == '_' || c == '-':
+			if !alnum {
+				return false
+			}
+			alnum = false
+		default:
+			return false
+		}
+	}
+	return alnum
+}
+
+// GroupID turns a lazyfork.io/shim-group value into runc's group: the name
+// itself when it is a short, plain identifier, else a digest of it (a family
+// and a snapshot name together may exceed containerd's 76 characters).
+func GroupID(group string) string {
+	if id := GroupPrefix + group; ValidIdentifier(id) {
+		return id
+	}
+	sum := sha256.Sum256([]byte(group))
+	return GroupPrefix + hex.EncodeToString(sum[:16])
+}
+
+// ShimGroup returns the runc group that lazyfork.io/shim-group puts a
+// container with these annotations in, "" when it puts it in none, and
+// whether the spec still has to carry it (runc's manager reads the group from
+// the spec). The annotation is honoured only where runc's own grouping
+// (io.containerd.runc.v2.group, a CRI sandbox) does not apply; a spec already
+// carrying the group it gives (a second `start` of one bundle) keeps it.
+func ShimGroup(ann map[string]string) (group string, rewrite bool) {
+	g := ann[AnnotationShimGroup]
+	if g == "" || ann[AnnotationCRISandbox] != "" {
+		return "", false
+	}
+	id := GroupID(g)
+	switch ann[AnnotationRuncGroup] {
+	case "":
+		return id, true
+	case id:
+		return id, false
+	}
+	return "", false
+}
+
+// Grouping returns the group whose shim serves container id, as runc's
+// manager computes it from the annotations (after ShimGroup's rewrite): its
+// first grouping annotation present, else the container's own id.
+func Grouping(id string, ann map[string]string) string {
+	for _, l := range groupLabels {
+		if g, ok := ann[l]; ok {
+			return g
+		}
+	}
+	return id
+}
+
+// SocketDir returns the directory of the shim sockets: the bootstrap
+// parameters' socket_dir, else containerd's default.
+func SocketDir(dir string) string {
+	if dir == "" {
+		return DefaultSocketDir
+	}
+	return dir
+}
+
+// Address is containerd's pkg/shim CreateSocketAddress: the unix socket of
+// the shim of group grouping in namespace ns, for the containerd at
+// grpcAddress, under socketDir (debug: the shim's debug socket).
+func Address(socketDir, grpcAddress, ns, grouping string, debug bool) string {
+	path := filepath.Join(grpcAddress, ns, grouping)
+	if debug {
+		path = filepath.Join(path, "debug")
+	}
+	d := sha256.Sum256([]byte(path))
+	return "unix://" + socketDir + "/" + hex.EncodeToString(d[:])
+}
+
+// Spec is a bundle's OCI spec decoded only as far as its annotations; the
+// rest is kept byte for byte.
+type Spec struct {
+	path        string
+	doc         map[string]json.RawMessage
+	Annotations map[string]string
+}
+
+// ReadSpec reads bundle's config.json.
+func ReadSpec(bundle string) (*Spec, error) {
+	path := filepath.Join(bundle, SpecFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s := &Spec{path: path, Annotations: map[string]string{}}
+	if err := json.Unmarshal(b, &s.doc); err != nil {
+		return nil, fmt.Errorf("decode bundle spec %s: %w", path, err)
+	}
+	if raw, ok := s.doc["annotations"]; ok {
+		if err := json.Unmarshal(raw, &s.Annotations); err != nil {
+			return nil, fmt.Errorf("decode annotations of bundle spec %s: %w", path, err)
+		}
+	}
+	return s, nil
+}
+
+// SetRuncGroup writes group as runc's group annotation into the spec file.
+func (s *Spec) SetRuncGroup(group string) error {
+	s.Annotations[AnnotationRuncGroup] = group
+	raw, err := json.Marshal(s.Annotations)
+	if err != nil {
+		return err
+	}
+	s.doc["annotations"] = raw
+	out, err := json.Marshal(s.doc)
+	if err != nil {
+		return err
+	}
+	return writeFile(s.path, out, 0o600)
+}
+
+// SetShimGroup sets runc's group in bundle's spec from lazyfork.io/shim-group
+// (ShimGroup) and returns the group, "" when the container is in none.
+func SetShimGroup(bundle string) (string, error) {
+	s, err := ReadSpec(bundle)
+	if err != nil {
+		return "", err
+	}
+	group, rewrite := s.ShimGroup()
+	if rewrite {
+		if err := s.SetRuncGroup(group); err != nil {
+			return "", fmt.Errorf("set the shim group of bundle spec %s: %w", s.path, err)
+		}
+	}
+	return group, nil
+}
+
+// ShimGroup is ShimGroup of the spec's annotations.
+func (s *Spec) ShimGroup() (group string, rewrite bool) { return ShimGroup(s.Annotations) }
+
+// writeFile replaces path with data by a rename, without fsync: bundles are
+// containerd's runtime state, meaningless after a reboot.
+func writeFile(path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after the rename
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// LockEnv hands a held start lock to the program a process executes (the
+// front to the full shim): "FD:GROUP", the lock's descriptor left open across
+// the exec. Without it the lock would be free between the front's release and
+// the full shim's take, and other starts of the group would find no shim yet
+// and run the full shim too.
+const LockEnv = "LAZYFORK_SHIM_START_LOCK"
+
+// Lock is a held start lock of one shim group.
+type Lock struct {
+	f     *os.File
+	path  string
+	group string
+}
+
+// lockPath is the lock file of group's starts.
+func lockPath(socketDir, group string) string {
+	sum := sha256.Sum256([]byte(group))
+	return filepath.Join(socketDir, ".lazyfork-start-"+hex.EncodeToString(sum[:12])+".lock")
+}
+
+// LockStart takes an flock for the starts of one shim group, on a file in
+// socketDir (SocketDir) that the last holder removes. runc's manager starts a
+// second shim for a group when another `shim start` of it has bound the
+// socket but not yet listened (it takes the refused connection for a stale
+// socket and replaces it): forks of one batch restore at once, so their
+// starts are serialised.
+func LockStart(socketDir, group string) (*Lock, error) {
+	if err := os.MkdirAll(socketDir, 0o711); err != nil {
+		return nil, fmt.Errorf("lock the start of shim group %s: %w", group, err)
+	}
+	path := lockPath(socketDir, group)
+	for {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("lock the start of shim group %s: %w", group, err)
+		}
+		if err := flock(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock the start of shim group %s: %w", group, err)
+		}
+		// The previous holder may have removed the file after we opened it:
+		// then ours is a lock nobody else sees; take the new one.
+		if sameFile(int(f.Fd()), path) {
+			return &Lock{f: f, path: path, group: group}, nil
+		}
+		f.Close()
+	}
+}
+
+// Release removes the lock file and lets the next start of the group go.
+func (l *Lock) Release() {
+	os.Remove(l.path)
+	l.f.Close()
+}
+
+// Handoff keeps the lock open across an exec and returns the environment
+// entry (LockEnv) that tells the executed shim so (InheritedLock).
+func (l *Lock) Handoff() (string, error) {
+	fd := int(l.f.Fd())
+	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0); errno != 0 {
+		return "", fmt.Errorf("hand over the start lock of shim group %s: %w", l.group, errno)
+	}
+	return LockEnv + "=" + strconv.Itoa(fd) + ":" + l.group, nil
+}
+
+// InheritedLock returns the start lock of group that the process this one
+// replaced held and handed over (Handoff), nil if there is none. It takes
+// LockEnv out of the environment and keeps the descriptor from any program
+// this process starts (a shim daemon holding it would block every later
+// start of the group).
+func InheritedLock(socketDir, group string) *Lock {
+	v, ok := os.LookupEnv(LockEnv)
+	if !ok {
+		return nil
+	}
+	os.Unsetenv(LockEnv)
+	fds, g, _ := strings.Cut(v, ":")
+	fd, err := strconv.Atoi(fds)
+	if err != nil || fd < 3 {
+		return nil
+	}
+	syscall.CloseOnExec(fd)
+	path := lockPath(socketDir, group)
+	if g != group || !sameFile(fd, path) {
+		syscall.Close(fd)
+		return nil
+	}
+	return &Lock{f: os.NewFile(uintptr(fd), path), path: path, group: group}
+}
+
+// sameFile reports whether fd is the file at path.
+func sameFile(fd int, path string) bool {
+	var held, now syscall.Stat_t
+	return syscall.Fstat(fd, &held) == nil && syscall.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev
+}
+
+func flock(f *os.File) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if err != syscall.EINTR {
+			return err
+		}
+	}
+}
