@@ -20,13 +20,8 @@ import (
 )
 
 // Annotations of other software the shim reads or writes; LazyFork's own are
-// in package api.
+// in package api, the shim grouping ones in internal/shimaddr.
 const (
-	// AnnotationRuncGroup is runc's shim grouping annotation; the manager sets it
-	// from lazyfork.io/shim-group.
-	AnnotationRuncGroup = "io.containerd.runc.v2.group"
-	// AnnotationCRISandbox groups the containers of a CRI pod; it wins over the family.
-	AnnotationCRISandbox = "io.kubernetes.cri.sandbox-id"
 	// CRI's annotations naming a container's type and name.
 	annotationCRIContainerType = "io.kubernetes.cri.container-type"
 	annotationCRIContainerName = "io.kubernetes.cri.container-name"
