@@ -23,9 +23,19 @@ import (
 // runc runs createContainer hooks in the container's mount namespace after the
 // spec's mounts and before pivot_root, with the container state on stdin.
 //
+//	kerndat           (for the shim, in a new mount namespace) write CRIU's
+//	                  kernel-feature cache on stdout (see ensureKerndatCache)
+//
 //	rehome            (for the shim) move a frozen container onto a memory
 //	                  file: a JSON request on stdin, the reply on stdout
 func RunHook(args []string) int {
+	if len(args) == 1 && args[0] == kerndatHelperArg {
+		if err := runKerndatHelper(); err != nil {
+			fmt.Fprintf(os.Stderr, "lazyfork kerndat: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	if len(args) == 1 && args[0] == "rehome" {
 		if err := runRehome(os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintf(os.Stderr, "lazyfork rehome: %v\n", err)

@@ -50,6 +50,7 @@ type Service struct {
 	store   *memfile.Store // opened on first use, guarded by storeMu
 
 	criuEnvOnce sync.Once // CRIU_CONFIG_FILE set for the CRIU runs of this shim
+	kerndat     kerndat   // CRIU's kernel-feature cache, checked once per shim
 
 	mu         sync.Mutex
 	containers map[string]*container // by container id, guarded by mu
@@ -234,6 +235,8 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			return nil, fmt.Errorf("read LazyFork snapshot %s: %w", r.Checkpoint, err)
 		}
 	}
+	// CRIU's kernel probes, once per boot (a restore waits for the cache).
+	s.kerndat.ensure(ctx, s.self, snap != nil)
 	if snap != nil {
 		// Before anything of the parent reaches this container: its memory
 		// files, its writable layer.
@@ -528,6 +531,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented,
 			"checkpoint of %s: LazyFork snapshots do not keep established TCP connections (CRIU runs without its network lock); checkpoint without --tcp-established", r.ID)
 	}
+	s.kerndat.ensure(ctx, s.self, true)
 	if !keep {
 		// runc's shim only understands its own options; none means leave-running.
 		a, err := typeurl.MarshalAnyToProto(opts)

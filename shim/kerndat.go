@@ -1,0 +1,233 @@
+package shim
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// CRIU keeps what it learns about the kernel (its "kerndat": page-map and
+// dirty-tracking support, namespaces, vDSO layout, netfilter modules loaded by
+// running `iptables -L`, `ip6tables -L` and `iptables -w -L`...) in
+// /run/criu.kdat, but only when /run is a tmpfs (the cache must not outlive a
+// boot). Where /run is on a disk, every CRIU run probes again: runc's version
+// check and each dump and restore pay 10-20 ms of probes and three iptables
+// runs.
+//
+// CRIU reads the cache without checking where it lives, and only writes it
+// to a tmpfs. So on such a host the shim makes the cache once per boot and
+// CRIU binary (by running criu in a private mount namespace whose /run is a
+// fresh tmpfs) and points /run/criu.kdat at it with a symbolic link.
+//
+// The cache is the same for every CRIU run of that binary on this boot: its
+// fields are kernel features, identical whoever probes (the one field that
+// depends on the process, libc's rseq area, CRIU probes again on every load).
+// So it is shared, not per LazyFork stack, and lives outside any stack's root:
+// in kerndatDir, a root-only directory on the host's shared-memory tmpfs. A
+// stack going away (`lazyfork setup --down --purge`, a test harness removing
+// its root) leaves the link valid for every other stack and CRIU user; only a
+// reboot empties the directory, and then the dangling link is harmless (CRIU
+// finds no cache and probes, as without one) until a shim links a new cache.
+//
+// Another CRIU build reading the link rejects the cache (CRIU stamps it with
+// its build time and its struct size and discards, and unlinks, a cache of
+// another build) and probes. A link to another binary's cache, or a dangling
+// one, is replaced; a regular /run/criu.kdat (someone else's choice) is left
+// alone. LAZYFORK_CRIU_KDAT=off turns all of this off.
+
+// kerndatLink is where CRIU reads its kernel-feature cache (KDAT_RUNDIR of
+// Debian's and upstream's builds).
+var kerndatLink = "/run/criu.kdat"
+
+// kerndatDir keeps the caches the shims made, one per CRIU binary and boot.
+var kerndatDir = "/dev/shm/lazyfork-criu"
+
+// kerndatHelperArg is RunHook's subcommand that writes a fresh CRIU
+// kernel-feature cache on stdout (see runKerndatHelper).
+const kerndatHelperArg = "kerndat"
+
+// kdatMagic is the first word of a CRIU kernel-feature cache (KDAT_MAGIC of
+// criu/include/magic.h, "Torzhok").
+const kdatMagic = 0x57023458
+
+// kerndat makes sure, once per shim, that CRIU finds its cache.
+type kerndat struct {
+	once sync.Once
+	done chan struct{}
+}
+
+// ensure starts the one check of this shim and, when wait is set, waits for it
+// (a restore waits; a fresh container's create does not).
+func (k *kerndat) ensure(ctx context.Context, self string, wait bool) {
+	k.once.Do(func() {
+		k.done = make(chan struct{})
+		go func() {
+			defer close(k.done)
+			if os.Getenv("LAZYFORK_CRIU_KDAT") == "off" {
+				return
+			}
+			if err := ensureKerndatCache(self); err != nil {
+				log.G(ctx).WithError(err).Warn("lazyfork: CRIU kernel-feature cache: CRIU probes the kernel on every run")
+			}
+		}()
+	})
+	if wait {
+		<-k.done
+	}
+}
+
+// ensureKerndatCache links kerndatLink to a cache in kerndatDir when the
+// link's directory is not a tmpfs (see above). self is this binary (the
+// helper that makes the cache).
+func ensureKerndatCache(self string) error {
+	runDir := filepath.Dir(kerndatLink)
+	if tmpfs, err := isTmpfs(runDir); err != nil {
+		return err
+	} else if tmpfs {
+		return nil // CRIU keeps its own cache there
+	}
+	criu, err := exec.LookPath("criu")
+	if err != nil {
+		return err
+	}
+	name, err := kerndatName(criu)
+	if err != nil {
+		return err
+	}
+	target := filepath.Join(kerndatDir, name)
+	fi, err := os.Lstat(kerndatLink)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return err
+	case fi.Mode()&os.ModeSymlink == 0:
+		return nil // a regular file: not ours to replace
+	default:
+		if cur, err := os.Readlink(kerndatLink); err == nil && cur == target {
+			if _, err := os.Stat(target); err == nil {
+				return nil
+			}
+		}
+	}
+	if err := ensureKerndatDir(kerndatDir); err != nil {
+		return err
+	}
+	if _, err := os.Stat(target); err != nil {
+		b, err := makeKerndat(self)
+		if err != nil {
+			return err
+		}
+		if err := writeFileAtomic(target, b, 0o600); err != nil {
+			return err
+		}
+	}
+	// Replace the link in one step: CRIU runs of other shims may read it now.
+	tmp := kerndatLink + ".lazyfork-" + strconv.Itoa(os.Getpid())
+	_ = os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, kerndatLink); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// ensureKerndatDir makes dir (root-only, on a tmpfs) or checks that the one
+// there is such: CRIU trusts what it reads from the cache (vDSO symbol
+// offsets among others), so nobody but root may write there.
+func ensureKerndatDir(dir string) error {
+	if tmpfs, err := isTmpfs(filepath.Dir(dir)); err != nil {
+		return err
+	} else if !tmpfs {
+		return fmt.Errorf("%s is not on a tmpfs: a cache there would outlive a reboot", dir)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+		return fmt.Errorf("%s is not a directory only this user (uid %d) can write: remove it", dir, os.Geteuid())
+	}
+	return nil
+}
+
+// kerndatName names the cache of the criu binary at path on this boot: after
+// the boot and the binary's identity, so an upgraded CRIU gets its own.
+func kerndatName(criu string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(criu, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", criu, err)
+	}
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", err
+	}
+	id := fmt.Sprintf("%s %d %d %d %d.%d %s", criu, st.Dev, st.Ino, st.Size,
+		st.Mtim.Sec, st.Mtim.Nsec, strings.TrimSpace(string(boot)))
+	sum := sha256.Sum256([]byte(id))
+	return "criu-" + hex.EncodeToString(sum[:8]) + ".kdat", nil
+}
+
+// makeKerndat runs the helper in a new mount namespace and returns the cache
+// it wrote.
+func makeKerndat(self string) ([]byte, error) {
+	cmd := exec.Command(self, HookArg, kerndatHelperArg)
+	// Go makes the new namespace's mounts private before the helper runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("make CRIU's kernel-feature cache: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	b := out.Bytes()
+	if len(b) < 8 || binary.LittleEndian.Uint32(b) != kdatMagic {
+		return nil, fmt.Errorf("make CRIU's kernel-feature cache: criu wrote none (%d bytes): %s", len(b), bytes.TrimSpace(stderr.Bytes()))
+	}
+	return b, nil
+}
+
+// runKerndatHelper is the helper (in its own mount namespace): a fresh tmpfs
+// on /run, where `criu check` saves the cache, which goes to stdout.
+func runKerndatHelper() error {
+	const runDir = "/run" // CRIU's KDAT_RUNDIR, whatever kerndatLink says
+	if err := unix.Mount("lazyfork-kdat", runDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
+		return fmt.Errorf("mount a tmpfs on %s: %w", runDir, err)
+	}
+	// Any command starts with the probes; this feature check is a short one.
+	cmd := exec.Command("criu", "check", "--feature", "mnt_id", "-v0")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	_ = cmd.Run() // a missing feature is no matter: the cache is written first
+	b, err := os.ReadFile(filepath.Join(runDir, "criu.kdat"))
+	if err != nil {
+		return fmt.Errorf("criu saved no cache: %w", err)
+	}
+	_, err = os.Stdout.Write(b)
+	return err
+}
+
+func isTmpfs(dir string) (bool, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return false, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return fs.Type == unix.TMPFS_MAGIC, nil
+}

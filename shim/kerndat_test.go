@@ -1,0 +1,224 @@
+package shim
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/testutil"
+)
+
+// TestMain lets the test binary stand in for the shim binary as the
+// kerndat helper (RunHook), as the shim re-executes itself.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == HookArg && os.Args[2] == kerndatHelperArg {
+		os.Exit(RunHook(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
+
+// kerndatNSEnv marks the test binary re-run in a private mount namespace.
+const kerndatNSEnv = "LAZYFORK_TEST_KERNDAT_NS"
+
+// inPrivateMountNS runs the named test again, alone, in a new mount namespace
+// (whose mounts Go makes private: nothing it mounts reaches the host) and
+// fails t with its output if it fails. It reports false when the caller is
+// that run and should do the work.
+func inPrivateMountNS(t *testing.T, name string) bool {
+	t.Helper()
+	if os.Getenv(kerndatNSEnv) == name {
+		return false
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), kerndatNSEnv+"="+name)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: "+name)) || bytes.Contains(out, []byte("--- SKIP: "+name)) {
+		if bytes.Contains(out, []byte("--- SKIP: "+name)) && err == nil {
+			t.Skipf("in a private mount namespace:\n%s", out)
+		}
+		t.Fatalf("in a private mount namespace: %v\n%s", err, out)
+	}
+	return true
+}
+
+// privateRunOnDisk, in the test's own mount namespace, puts a directory of a
+// disk over /run (this host's case: CRIU keeps no cache there) and a fresh
+// tmpfs under kerndatDir's parent, so neither the host's /run nor its
+// /dev/shm is touched.
+func privateRunOnDisk(t *testing.T) {
+	t.Helper()
+	disk := ""
+	for _, base := range []string{os.TempDir(), "/var/tmp"} {
+		if tmpfs, err := isTmpfs(base); err == nil && !tmpfs {
+			disk = base
+			break
+		}
+	}
+	if disk == "" {
+		t.Skip("no directory on a disk to stand for a /run without tmpfs")
+	}
+	run, err := os.MkdirTemp(disk, "lazyfork-kdat-run-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
+	if err := unix.Mount(run, "/run", "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind a disk directory over /run: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount("/run", unix.MNT_DETACH) })
+	shm := t.TempDir()
+	if err := unix.Mount("lazyfork-kdat-test", shm, "tmpfs", 0, "mode=1777,size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(shm, unix.MNT_DETACH) })
+	old := kerndatDir
+	kerndatDir = filepath.Join(shm, "lazyfork-criu")
+	t.Cleanup(func() { kerndatDir = old })
+}
+
+// criuLoadsCache runs a CRIU command and reports whether it loaded its
+// kernel-feature cache from /run/criu.kdat.
+func criuLoadsCache(t *testing.T) bool {
+	t.Helper()
+	logf := filepath.Join(t.TempDir(), "check.log")
+	out, err := exec.Command("criu", "check", "--feature", "mnt_id", "-v4", "-o", logf).CombinedOutput()
+	if err != nil {
+		t.Fatalf("criu check: %v: %s", err, out)
+	}
+	b, err := os.ReadFile(logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Contains(string(b), "Loaded kdat cache from /run/criu.kdat")
+}
+
+// TestKerndatCache: on a host whose /run is on a disk, CRIU (run as runc runs
+// it) loads the cache the shim made, through a link to a file outside any
+// LazyFork root; someone else's regular /run/criu.kdat is left alone, and a
+// dangling link (the cache gone at a reboot) or a link to another CRIU
+// binary's cache is replaced.
+func TestKerndatCache(t *testing.T) {
+	testutil.RequiresCRIU(t)
+	if inPrivateMountNS(t, "TestKerndatCache") {
+		return
+	}
+	privateRunOnDisk(t)
+	if criuLoadsCache(t) {
+		t.Fatal("CRIU loaded a cache before the shim made one")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := ensureKerndatCache(self); err != nil {
+		t.Fatal(err)
+	}
+	target, err := os.Readlink(kerndatLink)
+	if err != nil {
+		t.Fatalf("no link at %s: %v", kerndatLink, err)
+	}
+	if filepath.Dir(target) != kerndatDir {
+		t.Fatalf("link points at %s, want a file in %s", target, kerndatDir)
+	}
+	if !criuLoadsCache(t) {
+		t.Fatal("CRIU did not load the cache through the link")
+	}
+	b, err := os.ReadFile(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A reboot emptied the directory: the dangling link is replaced.
+	if err := os.Remove(target); err != nil {
+		t.Fatal(err)
+	}
+	if criuLoadsCache(t) {
+		t.Fatal("CRIU loaded a cache through a dangling link")
+	}
+	if err := ensureKerndatCache(self); err != nil {
+		t.Fatal(err)
+	}
+	if b2, err := os.ReadFile(kerndatLink); err != nil || len(b2) != len(b) {
+		t.Fatalf("new cache: %d bytes, %v (first was %d)", len(b2), err, len(b))
+	}
+
+	// Another binary's cache (an upgraded CRIU): the link is re-pointed.
+	other := filepath.Join(kerndatDir, "criu-0000000000000000.kdat")
+	if err := os.WriteFile(other, []byte("another build"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(kerndatLink); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, kerndatLink); err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureKerndatCache(self); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.Readlink(kerndatLink); got != target {
+		t.Fatalf("link points at %q, want %s", got, target)
+	}
+
+	// Someone else's regular file is theirs.
+	if err := os.Remove(kerndatLink); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kerndatLink, []byte("theirs"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureKerndatCache(self); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(kerndatLink); string(b) != "theirs" {
+		t.Fatalf("a regular %s was replaced", kerndatLink)
+	}
+}
+
+// TestKerndatDirTrusted: CRIU trusts the cache (vDSO offsets among others),
+// so the shim refuses a cache directory someone else could write, and links
+// nothing.
+func TestKerndatDirTrusted(t *testing.T) {
+	testutil.RequiresRoot(t)
+	if inPrivateMountNS(t, "TestKerndatDirTrusted") {
+		return
+	}
+	privateRunOnDisk(t)
+	if err := os.Mkdir(kerndatDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(kerndatDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureKerndatDir(kerndatDir); err == nil {
+		t.Fatalf("a world-writable %s was accepted", kerndatDir)
+	}
+	if err := os.Remove(kerndatDir); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := t.TempDir()
+	if err := os.Symlink(elsewhere, kerndatDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureKerndatDir(kerndatDir); err == nil {
+		t.Fatalf("a link at %s was accepted", kerndatDir)
+	}
+	if err := os.Remove(kerndatDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureKerndatDir(kerndatDir); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(kerndatDir)
+	if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("made %s: %v, %v", kerndatDir, fi.Mode(), err)
+	}
+}
