@@ -75,6 +75,14 @@ func writePremap(d *dump, staging string) ([]uint32, error) {
 		if err := criuimg.WriteImage(criuimg.PagemapPath(dir, t.pid), empty.Image()); err != nil {
 			return nil, err
 		}
+		// And an empty pages file beside it. Without one, CRIU 4.1.1's restore
+		// opens the missing file as an "empty" image whose buffer it never
+		// initialises, then reads that garbage while reading the child's pages
+		// (BUG_ON in img_raw_fd: the restored task dies of SIGSEGV whenever
+		// malloc hands back a dirty chunk). An empty file is a valid pages image.
+		if err := os.WriteFile(criuimg.PagesPath(dir, t.pm.PagesID), nil, 0o600); err != nil {
+			return nil, err
+		}
 		pids = append(pids, t.pid)
 	}
 	return pids, nil
