@@ -518,3 +518,21 @@ func TestStartLeavesToTheFullShim(t *testing.T) {
 		})
 	}
 }
+
+// The front stays small: no containerd, grpc or protobuf package, and no
+// package net (which brings cgo's runtime and resolver set-up).
+func TestFrontLinksLittle(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p == "net" || p == "runtime/cgo" || strings.HasPrefix(p, "google.golang.org/") || strings.HasPrefix(p, "github.com/containerd/") {
+			t.Errorf("the front links %s", p)
+		}
+	}
+}
