@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -369,8 +372,15 @@ func TestHeldLockGoesToTheFullShim(t *testing.T) {
 // manager, which runs its own executable), exit at once.
 const daemonEnv = "LAZYFORK_FRONT_TEST_DAEMON"
 
+// frontEnv makes the test binary the front: main.
+const frontEnv = "LAZYFORK_FRONT_TEST_MAIN"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(daemonEnv) != "" && len(os.Args) > 1 && os.Args[1] == "-namespace" {
+		return
+	}
+	if os.Getenv(frontEnv) != "" {
+		main()
 		return
 	}
 	os.Exit(m.Run())
@@ -534,5 +544,87 @@ func TestFrontLinksLittle(t *testing.T) {
 		if p == "net" || p == "runtime/cgo" || strings.HasPrefix(p, "google.golang.org/") || strings.HasPrefix(p, "github.com/containerd/") {
 			t.Errorf("the front links %s", p)
 		}
+	}
+}
+
+// Concurrent starts of one group's containers, each a front process as
+// containerd runs it, start one shim: the first starts it holding the
+// group's start lock, which it frees once the shim's socket listens; the
+// others then find that shim and answer its address.
+func TestConcurrentStartsOfAGroupStartOneShim(t *testing.T) {
+	testutil.RequiresRoot(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := filepath.Join(bin, "containerd-shim-lazyfork-v1")
+	if err := os.WriteFile(front, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(bin, "full.log")
+	// The daemon keeps its socket (descriptor 3) open until killed.
+	script := "#!/bin/sh\necho \"$$ $*\" >>" + log + "\ncase \"$*\" in *start) exit 1;; esac\nexec sleep 60\n"
+	if err := os.WriteFile(filepath.Join(bin, FullName), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b, _ := os.ReadFile(log)
+		for _, l := range strings.Split(string(b), "\n") {
+			if pid, err := strconv.Atoi(strings.Split(l, " ")[0]); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+
+	const n = 4
+	f := newShimFixture(t, nil)
+	ann := map[string]string{api.AnnotationShimGroup: "fam-snap-7"}
+	var cmds []*exec.Cmd
+	var outs []*bytes.Buffer
+	for i := range n {
+		id := fmt.Sprintf("fork-%d", i)
+		bundle := filepath.Join(t.TempDir(), id)
+		if err := os.MkdirAll(bundle, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		spec, _ := json.Marshal(map[string]any{"ociVersion": "1.2.0", "annotations": ann})
+		if err := os.WriteFile(filepath.Join(bundle, shimaddr.SpecFile), spec, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := bootstrapParams(t, id, "default", f.socketDir)
+		p.Extensions = nil
+		in, _ := proto.Marshal(p)
+		cmd := exec.Command(front, "-namespace", "default", "-address", p.ContainerdGrpcAddress, "-publish-binary", "/usr/local/bin/containerd", "-id", id, "start")
+		cmd.Dir = bundle
+		cmd.Env = append(os.Environ(), frontEnv+"=1")
+		cmd.Stdin = bytes.NewReader(in)
+		out := &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = out, os.Stderr
+		cmds, outs = append(cmds, cmd), append(outs, out)
+	}
+	for _, c := range cmds {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range cmds {
+		if err := c.Wait(); err != nil {
+			t.Errorf("start of fork-%d: %v", i, err)
+		}
+	}
+	want := encodeResult(shimaddr.Address(f.socketDir, f.params.ContainerdGrpcAddress, "default", shimaddr.GroupID("fam-snap-7"), false))
+	for i, out := range outs {
+		if !bytes.Equal(out.Bytes(), want) {
+			t.Errorf("start of fork-%d answered % x, want the group's shim % x", i, out.Bytes(), want)
+		}
+	}
+	lines, _ := os.ReadFile(log)
+	if got := strings.Count(string(lines), "\n"); got != 1 || strings.Contains(string(lines), " start\n") {
+		t.Errorf("%d starts of one group ran the full binary as:\n%s\nwant one shim daemon", n, lines)
 	}
 }
