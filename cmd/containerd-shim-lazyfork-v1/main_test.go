@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
 	"github.com/containerd/containerd/v2/pkg/shim"
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/shimaddr"
@@ -568,17 +569,22 @@ func TestConcurrentStartsOfAGroupStartOneShim(t *testing.T) {
 	}
 	log := filepath.Join(bin, "full.log")
 	// The daemon keeps its socket (descriptor 3) open until killed.
-	script := "#!/bin/sh\necho \"$$ $*\" >>" + log + "\ncase \"$*\" in *start) exit 1;; esac\nexec sleep 60\n"
+	script := "#!/bin/sh\necho \"$*\" >>" + log + "\ncase \"$*\" in *start) exit 1;; esac\nexec sleep 60\n"
 	if err := os.WriteFile(filepath.Join(bin, FullName), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The daemons the fronts start, orphaned when they exit, become this
+	// process's children: they can be counted, and are reaped.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		b, _ := os.ReadFile(log)
-		for _, l := range strings.Split(string(b), "\n") {
-			if pid, err := strconv.Atoi(strings.Split(l, " ")[0]); err == nil {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
+		for _, pid := range children(t) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			var ws syscall.WaitStatus
+			syscall.Wait4(pid, &ws, 0, nil)
 		}
+		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 	})
 
 	const n = 4
@@ -623,8 +629,43 @@ func TestConcurrentStartsOfAGroupStartOneShim(t *testing.T) {
 			t.Errorf("start of fork-%d answered % x, want the group's shim % x", i, out.Bytes(), want)
 		}
 	}
-	lines, _ := os.ReadFile(log)
-	if got := strings.Count(string(lines), "\n"); got != 1 || strings.Contains(string(lines), " start\n") {
-		t.Errorf("%d starts of one group ran the full binary as:\n%s\nwant one shim daemon", n, lines)
+	daemons := children(t)
+	for _, pid := range daemons {
+		// Logged once it runs sleep.
+		for i := 0; i < 3000; i++ {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); bytes.HasPrefix(b, []byte("sleep\x00")) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
+	lines, _ := os.ReadFile(log)
+	if len(daemons) != 1 || strings.Count(string(lines), "\n") != 1 || strings.Contains(string(lines), " start\n") {
+		t.Errorf("%d starts of one group started %d daemons and ran the full binary as:\n%s\nwant one shim daemon", n, len(daemons), lines)
+	}
+}
+
+// children are the live (not zombie) processes whose parent is this one.
+func children(t *testing.T) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 1 && f[0] != "Z" && f[1] == strconv.Itoa(os.Getpid()) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
