@@ -44,22 +44,20 @@ var _ shim.Shim = (*lfManager)(nil)
 // container of another namespace or pod.
 func (m *lfManager) Start(ctx context.Context, params *bootapi.BootstrapParams) (*bootapi.BootstrapResult, error) {
 	// The front binary (cmd/containerd-shim-lazyfork-v1) answers the starts
-	// that find their shim running with the same package's group, lock and
-	// address, and hands every other start to this one, with the group's
-	// start lock when it took it.
-	group, err := shimaddr.SetShimGroup(".")
+	// that find their shim running, and starts a new shim itself as runc's
+	// manager does (package internal/shimspawn), with the same group, lock
+	// and spec rewrite (shimaddr.PrepareStart); it hands this one the starts
+	// it cannot be sure to do alike (a shim cgroup, core scheduling), with
+	// the group's start lock when it took it.
+	st, err := shimaddr.PrepareStart(".", shimaddr.SocketDir(params.GetSocketDir()), params.GetInstanceID())
 	if err != nil {
 		return nil, err
 	}
-	socketDir := shimaddr.SocketDir(params.GetSocketDir())
-	lock := shimaddr.InheritedLock(socketDir, group)
-	if lock == nil && group != "" {
-		if lock, err = shimaddr.LockStart(socketDir, group); err != nil {
-			return nil, err
-		}
-	}
-	if lock != nil {
-		defer lock.Release()
+	// Held until runc's manager has the new shim's socket listening (or
+	// found the group's shim running): the group's next start finds it.
+	defer st.Release()
+	if err := st.WriteGroup(); err != nil {
+		return nil, err
 	}
 	return m.Shim.Start(ctx, params)
 }

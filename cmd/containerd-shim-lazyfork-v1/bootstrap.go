@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -14,9 +15,23 @@ import (
 type params struct {
 	instanceID  string // 1
 	namespace   string // 2
+	logLevel    int32  // 3
 	grpcAddress string // 6
 	socketDir   string // 9, optional
+	// shimCgroup is set where an extension (8) of runc's Options type may
+	// name a shim cgroup for a new shim (one does, or the front cannot tell):
+	// runc's manager moves a new shim there, the front does not.
+	shimCgroup bool
 }
+
+// logLevelDebug is LogLevel_LOG_LEVEL_DEBUG: at or below it, runc's manager
+// runs the shim with -debug and a debug socket.
+const logLevelDebug = -4
+
+// runcOptionsType is the full name of runc's Options message
+// (containerd.runc.v1.Options), which runc's manager looks for among the
+// extensions.
+const runcOptionsType = "containerd.runc.v1.Options"
 
 var errWire = errors.New("malformed bootstrap parameters")
 
@@ -34,6 +49,11 @@ const (
 func decodeParams(b []byte) (params, error) {
 	var p params
 	err := fields(b, func(num uint64, typ int, v []byte) error {
+		if num == 3 && typ == wireVarint {
+			x, _ := uvarint(v)
+			p.logLevel = int32(x) // protobuf-go: an enum is the low 32 bits
+			return nil
+		}
 		if typ != wireBytes {
 			return nil
 		}
@@ -50,12 +70,20 @@ func decodeParams(b []byte) (params, error) {
 		case 6:
 			dst = &p.grpcAddress
 		case 8: // Extension{google.protobuf.Any value = 1}
-			return fields(v, func(num uint64, typ int, v []byte) error {
+			// Occurrences of value merge: its type_url and value are the
+			// last ones seen.
+			var typeURL string
+			var value []byte
+			err := fields(v, func(num uint64, typ int, v []byte) error {
 				if num == 1 && typ == wireBytes {
-					return anyMessage(v)
+					return anyMessage(v, &typeURL, &value)
 				}
 				return nil
 			})
+			if err == nil && anyIs(typeURL, runcOptionsType) && !noShimCgroup(value) {
+				p.shimCgroup = true
+			}
+			return err
 		case 9:
 			dst = &p.socketDir
 		}
@@ -70,18 +98,59 @@ func decodeParams(b []byte) (params, error) {
 	return p, err
 }
 
-// anyMessage checks a google.protobuf.Any{string type_url = 1; bytes value = 2}.
-func anyMessage(b []byte) error {
+// anyMessage reads a google.protobuf.Any{string type_url = 1; bytes value =
+// 2} into typeURL and value, where it has them.
+func anyMessage(b []byte, typeURL *string, value *[]byte) error {
 	return fields(b, func(num uint64, typ int, v []byte) error {
-		if num == 1 && typ == wireBytes && !utf8.Valid(v) {
-			return errWire
+		if typ != wireBytes {
+			return nil
+		}
+		switch num {
+		case 1:
+			if !utf8.Valid(v) {
+				return errWire
+			}
+			*typeURL = string(v)
+		case 2:
+			*value = v
 		}
 		return nil
 	})
 }
 
-// fields calls f for each field of a message: its number, wire type and, for
-// the bytes type, its content.
+// anyIs is anypb's MessageIs: the type URL names message name.
+func anyIs(url, name string) bool {
+	if !strings.HasSuffix(url, name) {
+		return false
+	}
+	return len(url) == len(name) || url[len(url)-len(name)-1] == '/'
+}
+
+// noShimCgroup reports whether runc's Options encoded in b surely name no
+// shim cgroup (shim_cgroup = 3) and decode as runc's manager decodes them
+// (valid UTF-8 in every string field).
+func noShimCgroup(b []byte) bool {
+	cgroup := false
+	err := fields(b, func(num uint64, typ int, v []byte) error {
+		if typ != wireBytes {
+			return nil
+		}
+		switch num {
+		case 3:
+			cgroup = len(v) > 0 // the last occurrence wins
+			fallthrough
+		case 6, 7, 10, 11, 12: // binary_name, root, criu_*_path, task_api_address
+			if !utf8.Valid(v) {
+				return errWire
+			}
+		}
+		return nil
+	})
+	return err == nil && !cgroup
+}
+
+// fields calls f for each field of a message: its number, wire type and,
+// for the bytes type, its content (for the varint type, its encoding).
 func fields(b []byte, f func(num uint64, typ int, v []byte) error) error {
 	for len(b) > 0 {
 		key, n := uvarint(b)
@@ -99,6 +168,7 @@ func fields(b []byte, f func(num uint64, typ int, v []byte) error) error {
 			if _, n = uvarint(b); n == 0 {
 				return errWire
 			}
+			v = b[:n]
 		case wireI64:
 			n = 8
 		case wireI32:

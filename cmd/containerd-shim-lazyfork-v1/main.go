@@ -3,37 +3,46 @@
 // containerd-shim-lazyfork-v1-full, found in the same directory.
 //
 // containerd runs `containerd-shim-lazyfork-v1 ... start` for every task it
-// creates, and for the forks of one batch, which share one shim
-// (lazyfork.io/shim-group), that run only finds the shim already serving the
-// group. The front answers exactly that case itself: it computes the group
-// and the socket address as the full shim's manager does (package
-// internal/shimaddr, the same start lock and spec rewrite), connects, and if
-// the shim answers prints the bootstrap result the full shim would print.
-// Everything else (a start that needs a new shim, delete, -info, -v, the OCI
-// hook, the shim daemon) is the full shim, executed in place of the front
-// with the same arguments, environment, standard input and directory.
+// creates. The front answers it itself: it computes the container's group,
+// takes the group's start lock and rewrites the spec as the full shim's
+// manager does (shimaddr.PrepareStart), and then either finds the group's
+// shim already serving (the forks of one batch share one,
+// lazyfork.io/shim-group) and prints its address, or starts the new shim
+// daemon (the full binary) exactly as the full shim's `start` would, runc's
+// manager's way (package internal/shimspawn), and prints its address.
+// A start it cannot be sure to do alike (a shim cgroup in runc's options,
+// SCHED_CORE, no privilege to set the OOM score as containerd's code does,
+// anything unexpected) and everything else (delete, -info, -v, the OCI hook,
+// the shim daemon) is the full shim, executed in place of the front with the
+// same arguments, environment, standard input and directory.
 //
-// It links no containerd, grpc or protobuf package: a served start takes
-// 2-4 ms where the full shim takes 9-15 ms; a command it hands on pays its
-// start-up, about 1.5 ms, before the full shim's.
+// It links no containerd, grpc or protobuf package, nor package net: a start
+// takes 2-4 ms of its own where the full shim takes 9-15 ms; a command it
+// hands on pays its start-up, about 1.5 ms, before the full shim's.
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/internal/shimaddr"
+	"github.com/lazyfork/lazyfork/internal/shimspawn"
 )
 
 // FullName is the full shim binary, beside the front.
 const FullName = "containerd-shim-lazyfork-v1-full"
+
+// runtimeName is api.RuntimeName, the full shim's name in its errors (a
+// test holds them equal; package api pulls in protobuf).
+const runtimeName = "io.containerd.lazyfork.v1"
 
 // madvguardServeEnv is madvguard.ServeEnv: set, the process is the full
 // shim's madvise supervisor (a test holds them equal).
@@ -43,9 +52,6 @@ const madvguardServeEnv = "LAZYFORK_MADVGUARD_SUPERVISE"
 // (containerd's pkg/shim: 10 MiB).
 const maxInput = 10 << 20
 
-// connectTimeout is containerd's pkg/shim CanConnect's dial timeout.
-const connectTimeout = 100 * time.Millisecond
-
 func main() {
 	var input []byte
 	var env []string
@@ -53,7 +59,14 @@ func main() {
 		var err error
 		input, err = io.ReadAll(io.LimitReader(os.Stdin, maxInput))
 		if err == nil {
-			out, held, ok := start(a, input)
+			full, _ := fullPath()
+			out, held, ok, err := start(a, input, full)
+			if err != nil {
+				// A new shim was started and killed: fail as the full
+				// shim fails.
+				fmt.Fprintf(os.Stderr, "%s: %s", runtimeName, err)
+				os.Exit(1)
+			}
 			if ok {
 				if _, err := os.Stdout.Write(out); err != nil {
 					fmt.Fprintf(os.Stderr, "%s: write the bootstrap result: %s", filepath.Base(os.Args[0]), err)
@@ -73,6 +86,16 @@ func main() {
 		}
 	}
 	execFull(input, env)
+}
+
+// fullPath is the full shim binary as it finds itself (os.Executable: links
+// resolved), the shim daemon the full shim's `start` would run.
+func fullPath() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	return filepath.EvalSymlinks(filepath.Join(filepath.Dir(self), FullName))
 }
 
 // args are the flags containerd's pkg/shim parses, as far as the front needs
@@ -131,68 +154,87 @@ func parseArgs(argv []string) (a args, ok bool) {
 	return a, a.namespace != ""
 }
 
-// start answers `start` when the shim of the container's group runs: the
-// bootstrap result to print, and true. false leaves the start to the full
-// shim (a new shim, or anything unexpected: the full shim decides and says
-// what is wrong); held is then the group's start lock, still held, if the
-// front took it.
-func start(a args, input []byte) (out []byte, held *shimaddr.Lock, ok bool) {
+// start answers `start`: the bootstrap result to print, and true, where
+// the shim of the container's group runs or where the front started it (the
+// full shim, from full; "" starts none). false leaves the start to the full
+// shim (a new shim the front cannot start alike, or anything unexpected:
+// the full shim decides and says what is wrong); held is then the group's
+// start lock, still held, if the front took it. An error is a start that
+// failed after it started a shim daemon (and killed it): the full shim would
+// fail alike, handing on would start a second one.
+func start(a args, input []byte, full string) (out []byte, held *shimaddr.Lock, ok bool, err error) {
 	p, err := decodeParams(input)
 	if err != nil || len(input) == 0 || p.instanceID != a.id || p.namespace != a.namespace {
-		return nil, nil, false
-	}
-	spec, err := shimaddr.ReadSpec(".")
-	if err != nil {
-		return nil, nil, false
+		return nil, nil, false, nil
 	}
 	socketDir := shimaddr.SocketDir(p.socketDir)
-	group, rewrite := spec.ShimGroup()
-	grouping := group
-	var lock *shimaddr.Lock
-	if group == "" {
-		grouping = shimaddr.Grouping(p.instanceID, spec.Annotations)
-	} else if lock, err = shimaddr.LockStart(socketDir, group); err != nil {
-		return nil, nil, false
+	st, err := shimaddr.PrepareStart(".", socketDir, p.instanceID)
+	if err != nil {
+		return nil, nil, false, nil
 	}
-	address := shimaddr.Address(socketDir, p.grpcAddress, a.namespace, grouping, false)
-	if !canConnect(address) {
-		return nil, lock, false
+	if full == "" || !canSpawn(p) {
+		return served(a, p, st)
 	}
-	if lock != nil {
-		defer lock.Release()
-	}
-	if rewrite {
-		if err := spec.SetRuncGroup(group); err != nil {
-			return nil, nil, false
+	// As the full shim: pkg/shim links the socket directory, LazyFork's
+	// manager writes the group, runc's manager starts the shim.
+	if p.socketDir != "" {
+		if err := writeSocketDir(p.socketDir); err != nil {
+			return nil, st.Lock, false, nil
 		}
+	}
+	if err := st.WriteGroup(); err != nil {
+		return nil, st.Lock, false, nil
+	}
+	// The full shim's `start` catches these (pkg/shim setupSignals): a
+	// daemon then gets them at their default action even where containerd
+	// ran the start with one ignored, as from the full shim.
+	signal.Notify(make(chan os.Signal, 1), unix.SIGTERM, unix.SIGINT, unix.SIGPIPE, unix.SIGCHLD)
+	sp, err := shimspawn.Spawn(full, shimspawn.Params{
+		ID:          p.instanceID,
+		Namespace:   p.namespace,
+		GRPCAddress: p.grpcAddress,
+		SocketDir:   socketDir,
+		Debug:       p.logLevel <= logLevelDebug,
+	}, st.Grouping)
+	if err != nil {
+		var started *shimspawn.Error
+		if errors.As(err, &started) {
+			st.Release()
+			return nil, nil, false, err
+		}
+		return nil, st.Lock, false, nil
+	}
+	// The new shim's socket listens (a connection waits for its accept):
+	// the group's next start finds it.
+	st.Release()
+	return encodeResult(sp.Address), nil, true, nil
+}
+
+// canSpawn reports whether the front starts a new shim for these
+// parameters exactly as runc's manager would: not where it would move the
+// shim to a cgroup or set up core scheduling, nor where containerd's OOM
+// score adjustment would excuse a refused write.
+func canSpawn(p params) bool {
+	return !p.shimCgroup && os.Getenv("SCHED_CORE") == "" && shimspawn.OOMScoreExact()
+}
+
+// served answers a start whose group's shim runs; ok is false where none
+// does (then the lock of st is still held).
+func served(a args, p params, st *shimaddr.Start) (out []byte, held *shimaddr.Lock, ok bool, err error) {
+	address := shimaddr.Address(shimaddr.SocketDir(p.socketDir), p.grpcAddress, a.namespace, st.Grouping, false)
+	if !shimspawn.CanConnect(address) {
+		return nil, st.Lock, false, nil
+	}
+	defer st.Release()
+	if err := st.WriteGroup(); err != nil {
+		return nil, nil, false, nil
 	}
 	if p.socketDir != "" {
 		if err := writeSocketDir(p.socketDir); err != nil {
-			return nil, nil, false
+			return nil, nil, false, nil
 		}
 	}
-	return encodeResult(address), nil, true
-}
-
-// canConnect is containerd's pkg/shim CanConnect for a unix:// address: a
-// shim accepts connections there.
-func canConnect(address string) bool {
-	path, ok := strings.CutPrefix(address, "unix://")
-	if !ok {
-		return false
-	}
-	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return false
-	}
-	defer syscall.Close(fd)
-	// A full accept queue makes a blocking connect wait up to the send
-	// timeout, as containerd's dial waits up to its timeout.
-	tv := syscall.NsecToTimeval(connectTimeout.Nanoseconds())
-	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv); err != nil {
-		return false
-	}
-	return syscall.Connect(fd, &syscall.SockaddrUnix{Name: path}) == nil
+	return encodeResult(address), nil, true, nil
 }
 
 // socketDirLink is containerd's pkg/shim link, in the bundle, to the socket

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,9 +21,11 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
 	"github.com/containerd/containerd/v2/pkg/shim"
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/shimaddr"
+	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	lfshim "github.com/lazyfork/lazyfork/shim"
 )
@@ -28,6 +33,15 @@ import (
 func TestNamesMatchTheirOwners(t *testing.T) {
 	if madvguardServeEnv != madvguard.ServeEnv {
 		t.Errorf("madvguardServeEnv %q, madvguard's %q", madvguardServeEnv, madvguard.ServeEnv)
+	}
+	if runtimeName != api.RuntimeName {
+		t.Errorf("runtimeName %q, api's %q", runtimeName, api.RuntimeName)
+	}
+	if (&options.Options{}).ProtoReflect().Descriptor().FullName() != runcOptionsType {
+		t.Errorf("runcOptionsType %q, containerd's %q", runcOptionsType, (&options.Options{}).ProtoReflect().Descriptor().FullName())
+	}
+	if logLevelDebug != int32(bootapi.LogLevel_LOG_LEVEL_DEBUG) {
+		t.Errorf("logLevelDebug %d, containerd's %d", logLevelDebug, bootapi.LogLevel_LOG_LEVEL_DEBUG)
 	}
 }
 
@@ -64,7 +78,7 @@ func TestDecodeParamsIsContainerds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := params{instanceID: "fork-1", namespace: "default", grpcAddress: "/tmp/lfh-1/containerd.sock", socketDir: dir}
+		want := params{instanceID: "fork-1", namespace: "default", logLevel: logLevelDebug, grpcAddress: "/tmp/lfh-1/containerd.sock", socketDir: dir, shimCgroup: true}
 		if p != want {
 			t.Errorf("decoded %+v, want %+v", p, want)
 		}
@@ -93,8 +107,14 @@ func TestDecodeParamsIsContainerds(t *testing.T) {
 		case ferr != nil && err == nil:
 			t.Fatalf("% x: front decodes %+v, containerd rejects it: %v", b, p, ferr)
 		case ferr == nil && err == nil:
-			if p.instanceID != full.InstanceID || p.namespace != full.Namespace || p.grpcAddress != full.ContainerdGrpcAddress || p.socketDir != full.GetSocketDir() {
+			if p.instanceID != full.InstanceID || p.namespace != full.Namespace || p.grpcAddress != full.ContainerdGrpcAddress || p.socketDir != full.GetSocketDir() || p.logLevel != int32(full.LogLevel) {
 				t.Fatalf("% x: front decodes %+v, containerd %v", b, p, &full)
+			}
+			if !p.shimCgroup {
+				var o options.Options
+				if found, err := full.FindExtension(&o); err != nil || (found && o.ShimCgroup != "") {
+					t.Fatalf("% x: front finds no shim cgroup, runc's manager finds %q (%v)", b, o.ShimCgroup, err)
+				}
 			}
 		}
 	}
@@ -205,7 +225,7 @@ func TestStartAnswersAsTheFullShim(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newShimFixture(t, tc.ann)
 			orig := f.spec(t)
-			out, held, ok := start(f.args, f.input)
+			out, held, ok, _ := start(f.args, f.input, "")
 			if ok {
 				t.Fatalf("no shim runs, the front answered % x", out)
 			}
@@ -223,7 +243,7 @@ func TestStartAnswersAsTheFullShim(t *testing.T) {
 			}
 
 			f.listen(t, tc.grouping)
-			front, _, ok := start(f.args, f.input)
+			front, _, ok, _ := start(f.args, f.input, "")
 			if !ok {
 				t.Fatal("the shim runs, the front left the start to the full shim")
 			}
@@ -313,7 +333,7 @@ func BenchmarkStartRunningShim(b *testing.B) {
 // waiting for it (which would wait forever), then frees it.
 func TestHeldLockGoesToTheFullShim(t *testing.T) {
 	f := newShimFixture(t, map[string]string{api.AnnotationShimGroup: "fam-snap-1"})
-	_, held, ok := start(f.args, f.input)
+	_, held, ok, _ := start(f.args, f.input, "")
 	if ok || held == nil {
 		t.Fatalf("no shim runs: front answered %v, holds the lock %v; want neither answer nor release", ok, held != nil)
 	}
@@ -347,4 +367,305 @@ func TestHeldLockGoesToTheFullShim(t *testing.T) {
 		t.Fatal(err)
 	}
 	lock.Release()
+}
+
+// daemonEnv makes the test binary, run as a shim daemon (by the full shim's
+// manager, which runs its own executable), exit at once.
+const daemonEnv = "LAZYFORK_FRONT_TEST_DAEMON"
+
+// frontEnv makes the test binary the front: main.
+const frontEnv = "LAZYFORK_FRONT_TEST_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(daemonEnv) != "" && len(os.Args) > 1 && os.Args[1] == "-namespace" {
+		return
+	}
+	if os.Getenv(frontEnv) != "" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// fakeFull is a full shim binary that records its arguments in the file it
+// returns, and exits.
+func fakeFull(t *testing.T) (full, argsFile string) {
+	dir := t.TempDir()
+	argsFile = filepath.Join(dir, "args")
+	full = filepath.Join(dir, FullName)
+	script := "#!/bin/sh\necho \"$@\" >" + argsFile + ".tmp && mv " + argsFile + ".tmp " + argsFile + "\n"
+	if err := os.WriteFile(full, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return full, argsFile
+}
+
+func waitFile(t *testing.T, path string) string {
+	t.Helper()
+	for range 3000 {
+		if b, err := os.ReadFile(path); err == nil {
+			return string(b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s never written", path)
+	return ""
+}
+
+// Where no shim of the container's group runs, the front starts the full
+// binary as the group's shim daemon itself, and answers, rewrites the spec
+// and links the socket directory as the full shim's `start` does; it frees
+// the group's start lock, and the group's next start finds the new shim.
+func TestStartSpawnsTheShim(t *testing.T) {
+	testutil.RequiresRoot(t) // the OOM score, as containerd's code sets it
+	for _, tc := range []struct {
+		name     string
+		ann      map[string]string
+		grouping string
+		level    bootapi.LogLevel
+	}{
+		{"batch", map[string]string{api.AnnotationShimGroup: "fam-snap-0", api.AnnotationFamily: "fam"}, shimaddr.GroupID("fam-snap-0"), bootapi.LogLevel_LOG_LEVEL_INFO},
+		{"batch, debug", map[string]string{api.AnnotationShimGroup: "fam-snap-0"}, shimaddr.GroupID("fam-snap-0"), bootapi.LogLevel_LOG_LEVEL_DEBUG},
+		{"pod", map[string]string{api.AnnotationShimGroup: "b", shimaddr.AnnotationCRISandbox: "pod1"}, "pod1", bootapi.LogLevel_LOG_LEVEL_INFO},
+		{"own shim, trace", nil, "fork-2", bootapi.LogLevel_LOG_LEVEL_TRACE},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newShimFixture(t, tc.ann)
+			f.params.Extensions = nil
+			if err := f.params.AddExtension(&options.Options{BinaryName: "runc", Root: "/run/runc", SystemdCgroup: true}); err != nil {
+				t.Fatal(err)
+			}
+			f.params.LogLevel = tc.level
+			f.input, _ = proto.Marshal(f.params)
+			orig := f.spec(t)
+			full, argsFile := fakeFull(t)
+
+			out, held, ok, err := start(f.args, f.input, full)
+			if err != nil || !ok || held != nil {
+				t.Fatalf("no shim runs: front answered %v, holds the lock %v, %v; want it to start one", ok, held != nil, err)
+			}
+			want := "-namespace default -id fork-2 -address " + f.params.ContainerdGrpcAddress
+			if tc.level <= bootapi.LogLevel_LOG_LEVEL_DEBUG {
+				want += " -debug"
+			}
+			if got := strings.TrimSpace(waitFile(t, argsFile)); got != want {
+				t.Errorf("the front ran the full shim with %q, want %q", got, want)
+			}
+			if locks, _ := filepath.Glob(filepath.Join(f.socketDir, ".lazyfork-start-*")); len(locks) != 0 {
+				t.Errorf("start lock still held: %v", locks)
+			}
+			again, _, ok, err := start(f.args, f.input, full)
+			if err != nil || !ok || !bytes.Equal(again, out) {
+				t.Errorf("the group's next start: % x %v %v, want the new shim's % x", again, ok, err, out)
+			}
+			frontSpec := f.spec(t)
+			if link, err := os.Readlink(socketDirLink); err != nil || link != f.socketDir {
+				t.Errorf("socket dir link %q %v, want %q", link, err, f.socketDir)
+			}
+
+			// The full shim's `start`, from the same bundle and no shim.
+			os.Remove(socketDirLink)
+			ents, _ := os.ReadDir(f.socketDir)
+			for _, e := range ents {
+				os.Remove(filepath.Join(f.socketDir, e.Name()))
+			}
+			if err := os.WriteFile(filepath.Join(f.bundle, shimaddr.SpecFile), orig, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv(daemonEnv, "1")
+			ctx := namespaces.WithNamespace(context.Background(), "default")
+			res, err := lfshim.NewManager(api.RuntimeName).Start(ctx, f.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fullOut, err := proto.Marshal(res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(out, fullOut) {
+				t.Errorf("front answered % x, the full shim % x (%v)", out, fullOut, res)
+			}
+			if fullSpec := f.spec(t); !bytes.Equal(frontSpec, fullSpec) {
+				t.Errorf("front left the spec\n%s\nthe full shim\n%s", frontSpec, fullSpec)
+			}
+		})
+	}
+}
+
+// A new shim the front cannot start exactly as runc's manager would (a
+// shim cgroup to join, core scheduling) is the full shim's to start: the
+// front starts nothing, writes nothing, and hands on the start lock.
+func TestStartLeavesToTheFullShim(t *testing.T) {
+	testutil.RequiresRoot(t)
+	for _, tc := range []struct {
+		name      string
+		cgroup    string
+		schedCore string
+	}{{"shim cgroup", "/lf.slice", ""}, {"core scheduling", "", "1"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newShimFixture(t, map[string]string{api.AnnotationShimGroup: "fam-snap-0"})
+			f.params.Extensions = nil
+			if err := f.params.AddExtension(&options.Options{ShimCgroup: tc.cgroup}); err != nil {
+				t.Fatal(err)
+			}
+			f.input, _ = proto.Marshal(f.params)
+			t.Setenv("SCHED_CORE", tc.schedCore)
+			orig := f.spec(t)
+			full, argsFile := fakeFull(t)
+			_, held, ok, err := start(f.args, f.input, full)
+			if ok || err != nil || held == nil {
+				t.Fatalf("front answered %v %v, holds the lock %v; want the start left to the full shim, with the lock", ok, err, held != nil)
+			}
+			held.Release()
+			if _, err := os.Stat(argsFile); err == nil {
+				t.Error("the front started a shim")
+			}
+			if !bytes.Equal(f.spec(t), orig) {
+				t.Error("the front rewrote the spec")
+			}
+			if ents, _ := os.ReadDir(f.socketDir); len(ents) != 0 {
+				t.Errorf("the front left %v in the socket directory", ents)
+			}
+		})
+	}
+}
+
+// The front stays small: no containerd, grpc or protobuf package, and no
+// package net (which brings cgo's runtime and resolver set-up).
+func TestFrontLinksLittle(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p == "net" || p == "runtime/cgo" || strings.HasPrefix(p, "google.golang.org/") || strings.HasPrefix(p, "github.com/containerd/") {
+			t.Errorf("the front links %s", p)
+		}
+	}
+}
+
+// Concurrent starts of one group's containers, each a front process as
+// containerd runs it, start one shim: the first starts it holding the
+// group's start lock, which it frees once the shim's socket listens; the
+// others then find that shim and answer its address.
+func TestConcurrentStartsOfAGroupStartOneShim(t *testing.T) {
+	testutil.RequiresRoot(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := filepath.Join(bin, "containerd-shim-lazyfork-v1")
+	if err := os.WriteFile(front, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(bin, "full.log")
+	// The daemon keeps its socket (descriptor 3) open until killed.
+	script := "#!/bin/sh\necho \"$*\" >>" + log + "\ncase \"$*\" in *start) exit 1;; esac\nexec sleep 60\n"
+	if err := os.WriteFile(filepath.Join(bin, FullName), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The daemons the fronts start, orphaned when they exit, become this
+	// process's children: they can be counted, and are reaped.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, pid := range children(t) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			var ws syscall.WaitStatus
+			syscall.Wait4(pid, &ws, 0, nil)
+		}
+		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+	})
+
+	const n = 4
+	f := newShimFixture(t, nil)
+	ann := map[string]string{api.AnnotationShimGroup: "fam-snap-7"}
+	var cmds []*exec.Cmd
+	var outs []*bytes.Buffer
+	for i := range n {
+		id := fmt.Sprintf("fork-%d", i)
+		bundle := filepath.Join(t.TempDir(), id)
+		if err := os.MkdirAll(bundle, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		spec, _ := json.Marshal(map[string]any{"ociVersion": "1.2.0", "annotations": ann})
+		if err := os.WriteFile(filepath.Join(bundle, shimaddr.SpecFile), spec, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := bootstrapParams(t, id, "default", f.socketDir)
+		p.Extensions = nil
+		in, _ := proto.Marshal(p)
+		cmd := exec.Command(front, "-namespace", "default", "-address", p.ContainerdGrpcAddress, "-publish-binary", "/usr/local/bin/containerd", "-id", id, "start")
+		cmd.Dir = bundle
+		cmd.Env = append(os.Environ(), frontEnv+"=1")
+		cmd.Stdin = bytes.NewReader(in)
+		out := &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = out, os.Stderr
+		cmds, outs = append(cmds, cmd), append(outs, out)
+	}
+	for _, c := range cmds {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range cmds {
+		if err := c.Wait(); err != nil {
+			t.Errorf("start of fork-%d: %v", i, err)
+		}
+	}
+	want := encodeResult(shimaddr.Address(f.socketDir, f.params.ContainerdGrpcAddress, "default", shimaddr.GroupID("fam-snap-7"), false))
+	for i, out := range outs {
+		if !bytes.Equal(out.Bytes(), want) {
+			t.Errorf("start of fork-%d answered % x, want the group's shim % x", i, out.Bytes(), want)
+		}
+	}
+	daemons := children(t)
+	for _, pid := range daemons {
+		// Logged once it runs sleep.
+		for i := 0; i < 3000; i++ {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); bytes.HasPrefix(b, []byte("sleep\x00")) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	lines, _ := os.ReadFile(log)
+	if len(daemons) != 1 || strings.Count(string(lines), "\n") != 1 || strings.Contains(string(lines), " start\n") {
+		t.Errorf("%d starts of one group started %d daemons and ran the full binary as:\n%s\nwant one shim daemon", n, len(daemons), lines)
+	}
+}
+
+// children are the live (not zombie) processes whose parent is this one.
+func children(t *testing.T) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 1 && f[0] != "Z" && f[1] == strconv.Itoa(os.Getpid()) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

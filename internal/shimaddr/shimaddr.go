@@ -183,22 +183,6 @@ func (s *Spec) SetRuncGroup(group string) error {
 	return writeFile(s.path, out, 0o600)
 }
 
-// SetShimGroup sets runc's group in bundle's spec from lazyfork.io/shim-group
-// (ShimGroup) and returns the group, "" when the container is in none.
-func SetShimGroup(bundle string) (string, error) {
-	s, err := ReadSpec(bundle)
-	if err != nil {
-		return "", err
-	}
-	group, rewrite := s.ShimGroup()
-	if rewrite {
-		if err := s.SetRuncGroup(group); err != nil {
-			return "", fmt.Errorf("set the shim group of bundle spec %s: %w", s.path, err)
-		}
-	}
-	return group, nil
-}
-
 // ShimGroup is ShimGroup of the spec's annotations.
 func (s *Spec) ShimGroup() (group string, rewrite bool) { return ShimGroup(s.Annotations) }
 
@@ -327,5 +311,72 @@ func flock(f *os.File) error {
 		if err != syscall.EINTR {
 			return err
 		}
+	}
+}
+
+// Start is what LazyFork adds to runc's manager's `start` of one container:
+// the group whose shim serves it, and that group's start lock. The front
+// (for the starts it answers or whose shim it spawns) and the full shim's
+// manager both begin a start with PrepareStart, so they cannot disagree.
+type Start struct {
+	// Group is the group lazyfork.io/shim-group puts the container in, ""
+	// when it puts it in none (then there is no lock).
+	Group string
+	// Grouping is runc's grouping once the group is written (WriteGroup):
+	// the shim serving the container is the one of Address(..., Grouping).
+	Grouping string
+	// Lock is the group's start lock, held; nil when Group is "".
+	Lock *Lock
+
+	spec    *Spec
+	rewrite bool
+}
+
+// PrepareStart reads the spec of bundle, the bundle of container id, and
+// takes its group's start lock: the one the process this one replaced handed
+// over (InheritedLock), else a new one (LockStart). It writes nothing:
+// WriteGroup does, Release frees the lock.
+func PrepareStart(bundle, socketDir, id string) (*Start, error) {
+	spec, err := ReadSpec(bundle)
+	if err != nil {
+		return nil, err
+	}
+	group, rewrite := spec.ShimGroup()
+	s := &Start{Group: group, spec: spec, rewrite: rewrite}
+	if group != "" {
+		// ShimGroup puts a container in a group only where runc's group
+		// annotation, once written, will name it and no CRI sandbox does.
+		s.Grouping = group
+	} else {
+		s.Grouping = Grouping(id, spec.Annotations)
+	}
+	s.Lock = InheritedLock(socketDir, group)
+	if s.Lock == nil && group != "" {
+		if s.Lock, err = LockStart(socketDir, group); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// WriteGroup writes the group into the bundle's spec as runc's group, where
+// it is not there yet: runc's manager (and a later start) read it there.
+func (s *Start) WriteGroup() error {
+	if !s.rewrite {
+		return nil
+	}
+	if err := s.spec.SetRuncGroup(s.Group); err != nil {
+		return fmt.Errorf("set the shim group of bundle spec %s: %w", s.spec.path, err)
+	}
+	s.rewrite = false
+	return nil
+}
+
+// Release frees the start lock, if held: the group's next start may go (and
+// finds the shim listening, when this start started it).
+func (s *Start) Release() {
+	if s.Lock != nil {
+		s.Lock.Release()
+		s.Lock = nil
 	}
 }

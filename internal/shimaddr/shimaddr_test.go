@@ -91,15 +91,15 @@ func TestGroupID(t *testing.T) {
 	}
 }
 
-// A batch of forks names its shim group; SetShimGroup turns that into runc's
-// group. A family annotation alone never groups (a container naming another's
+// A batch of forks names its shim group; PrepareStart and WriteGroup turn
+// that into runc's group. A family annotation alone never groups (a container naming another's
 // family must not land in its shim), CRI pods and explicit groups are left
 // alone, and a spec already rewritten keeps its group (and its lock).
-func TestSetShimGroup(t *testing.T) {
+func TestPrepareStart(t *testing.T) {
 	for _, tc := range []struct {
 		ann       map[string]string
 		want      string // runc's group in the spec afterwards
-		lock      string // the group SetShimGroup returns
+		lock      string // the group PrepareStart locks
 		grouping  string // Grouping of container "c1" afterwards
 		untouched bool
 	}{
@@ -120,13 +120,20 @@ func TestSetShimGroup(t *testing.T) {
 		if err := os.WriteFile(path, in, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		lock, err := SetShimGroup(dir)
+		st, err := PrepareStart(dir, dir, "c1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if lock != tc.lock {
-			t.Errorf("annotations %v: lock group %q, want %q", tc.ann, lock, tc.lock)
+		if st.Group != tc.lock || (st.Lock != nil) != (tc.lock != "") {
+			t.Errorf("annotations %v: group %q locked %v, want %q", tc.ann, st.Group, st.Lock != nil, tc.lock)
 		}
+		if out, _ := os.ReadFile(path); string(out) != string(in) {
+			t.Errorf("annotations %v: PrepareStart wrote the spec", tc.ann)
+		}
+		if err := st.WriteGroup(); err != nil {
+			t.Fatal(err)
+		}
+		st.Release()
 		out, _ := os.ReadFile(path)
 		if tc.untouched && string(out) != string(in) {
 			t.Errorf("annotations %v: spec rewritten:\n%s\nwas\n%s", tc.ann, out, in)
@@ -144,8 +151,11 @@ func TestSetShimGroup(t *testing.T) {
 		if len(got.Process.Args) != 1 || got.Process.Args[0] != "x" {
 			t.Errorf("spec lost its process: %s", out)
 		}
-		if g := Grouping("c1", got.Annotations); g != tc.grouping {
-			t.Errorf("annotations %v: grouping %q, want %q", tc.ann, g, tc.grouping)
+		if g := Grouping("c1", got.Annotations); g != tc.grouping || st.Grouping != g {
+			t.Errorf("annotations %v: grouping %q (PrepareStart said %q), want %q", tc.ann, g, st.Grouping, tc.grouping)
+		}
+		if ents, _ := filepath.Glob(filepath.Join(dir, ".lazyfork-start-*")); len(ents) != 0 {
+			t.Errorf("annotations %v: lock files left: %v", tc.ann, ents)
 		}
 	}
 }
