@@ -265,13 +265,16 @@ func (l *Lock) Release() {
 }
 
 // Handoff keeps the lock open across an exec and returns the environment
-// entry (LockEnv) that tells the executed shim so (InheritedLock).
+// entry (LockEnv) that tells the executed shim so (InheritedLock). The
+// descriptor handed over is a duplicate without close-on-exec, owned by
+// whoever inherits it: l's own stays l's (it closes on the exec), so no
+// descriptor ever has two owners that both close it.
 func (l *Lock) Handoff() (string, error) {
-	fd := int(l.f.Fd())
-	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0); errno != 0 {
+	fd, _, errno := syscall.Syscall(syscall.SYS_FCNTL, l.f.Fd(), syscall.F_DUPFD, 3)
+	if errno != 0 {
 		return "", fmt.Errorf("hand over the start lock of shim group %s: %w", l.group, errno)
 	}
-	return LockEnv + "=" + strconv.Itoa(fd) + ":" + l.group, nil
+	return LockEnv + "=" + strconv.Itoa(int(fd)) + ":" + l.group, nil
 }
 
 // InheritedLock returns the start lock of group that the process this one
@@ -290,12 +293,17 @@ func InheritedLock(socketDir, group string) *Lock {
 	if err != nil || fd < 3 {
 		return nil
 	}
-	syscall.CloseOnExec(fd)
-	path := lockPath(socketDir, group)
-	if g != group || !sameFile(fd, path) {
-		syscall.Close(fd)
+	// Only a descriptor that is the named group's lock file is ours: a stale
+	// variable would name whatever descriptor has that number now.
+	if g == "" || !sameFile(fd, lockPath(socketDir, g)) {
 		return nil
 	}
+	if g != group {
+		syscall.Close(fd) // another group's lock: let it go
+		return nil
+	}
+	syscall.CloseOnExec(fd)
+	path := lockPath(socketDir, group)
 	return &Lock{f: os.NewFile(uintptr(fd), path), path: path, group: group}
 }
 
