@@ -51,6 +51,7 @@ type forkConfig struct {
 	maxForks       int
 	restoreTimeout time.Duration
 	groupSize      int
+	trace          func(id string, step ForkStep, at time.Time)
 }
 
 // WithShimGroup sets how many forks of this call share a shim process
@@ -488,6 +489,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			cfg.step(ids[i], StepQueued)
 			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/max(cfg.groupSize, 1))
 			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, group, imageDir, rfs, cfg)
 			if errs[i] == nil {
@@ -667,6 +669,7 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 			return f, fmt.Errorf("fork %s: copy writable layer: %w", id, err)
 		}
 	}
+	cfg.step(id, StepRootfs)
 	fspec, err := forkSpec(spec, parentID, id, family, group)
 	if err != nil {
 		return f, fmt.Errorf("fork %s: %w", id, err)
@@ -725,6 +728,7 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 	}
 	containerMade = true
 	f.Container = ctr
+	cfg.step(id, StepContainer)
 	t0 := time.Now()
 	// The restore is bounded: a CRIU restore that never ends (a damaged
 	// image) must not hold the call forever.
@@ -751,10 +755,12 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		return f, fmt.Errorf("fork %s: create task: %w", id, timedOut(err))
 	}
 	f.Task = task
+	cfg.step(id, StepCreate)
 	if err := task.Start(rctx); err != nil {
 		return f, fmt.Errorf("fork %s: restore: %w", id, timedOut(err))
 	}
 	f.Restore = time.Since(t0)
+	cfg.step(id, StepStart)
 	if hookDir != "" {
 		if err := hook.Reseed(ctx, hook.HostSocket(hookDir, id), id, c.hookTimeout); err != nil {
 			return f, fmt.Errorf("fork %s: %w", id, err)
@@ -763,6 +769,7 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 	if _, err := ctr.SetLabels(ctx, map[string]string{api.LabelRestoreNS: strconv.FormatInt(f.Restore.Nanoseconds(), 10)}); err != nil {
 		log.G(ctx).WithError(err).WithField("id", id).Warn("lazyfork: record restore time")
 	}
+	cfg.step(id, StepDone)
 	return f, nil
 }
 

@@ -33,7 +33,11 @@ type bench struct {
 }
 
 func newBench(bin string, nForks, plainMax int) (*bench, error) {
-	env, lf, err := ctrbench.SetupLazyFork(context.Background(), bin)
+	return newBenchWith(bin, nForks, plainMax, harness.Options{})
+}
+
+func newBenchWith(bin string, nForks, plainMax int, opts harness.Options) (*bench, error) {
+	env, lf, err := ctrbench.SetupLazyForkWith(context.Background(), bin, opts)
 	if err != nil {
 		return nil, err
 	}
