@@ -52,7 +52,12 @@ type forkConfig struct {
 	restoreTimeout time.Duration
 	groupSize      int
 	trace          func(id string, step ForkStep, at time.Time)
+	parallel       int
 }
+
+// WithParallel bounds how many forks of this call are being made at once
+// (default: all of them).
+func WithParallel(n int) ForkOpt { return func(c *forkConfig) { c.parallel = n } }
 
 // WithShimGroup sets how many forks of this call share a shim process
 // (default: the client's, see WithShimGroupSize).
@@ -483,15 +488,26 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 	forks := make([]Fork, n)
 	errs := make([]error, n)
 	start := time.Now()
+	// What every fork stacks its rootfs on, made once for the batch.
+	base, removeBase, err := c.forkBase(ctx, info, imageDir, rfs)
+	if err != nil {
+		return nil, time.Since(start), err
+	}
 	var first sync.Once
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, n)
+	if cfg.parallel > 0 {
+		slots = make(chan struct{}, cfg.parallel)
+	}
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			cfg.step(ids[i], StepQueued)
 			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/max(cfg.groupSize, 1))
-			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, group, imageDir, rfs, cfg)
+			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, group, imageDir, base, cfg)
 			if errs[i] == nil {
 				first.Do(func() { errs[i] = failpoint(ctx, FailAfterFirstFork) })
 			}
@@ -504,6 +520,9 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 			if f.Container != nil {
 				removeFork(context.WithoutCancel(ctx), f)
 			}
+		}
+		if removeBase != nil {
+			removeBase(context.WithoutCancel(ctx))
 		}
 		return nil, took, err
 	}
@@ -593,8 +612,16 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 		if err != nil {
 			return err
 		}
+		// A fork's rootfs stacks on its batch's layer: the copy holds that
+		// layer too, so it is all that lies above the parent's image.
+		lower, release, err := c.batchLayerDir(ctx, info)
+		if err != nil {
+			return err
+		}
 		rfs.UpperCopy = filepath.Join(filepath.Dir(imageDir), "upper")
-		if err := copyLayer(rfs.UpperCopy, upper); err != nil {
+		err = copyLayers(rfs.UpperCopy, lower, upper)
+		release()
+		if err != nil {
 			return fmt.Errorf("copy writable layer of %s: %w", parent.ID(), err)
 		}
 	}
@@ -635,21 +662,13 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 	return nil
 }
 
-// restoreFork makes fork id: its rootfs, its container, its restored task.
+// restoreFork makes fork id: its rootfs (a fresh upper on base, see
+// forkBase), its container, its restored task.
 func (c *Client) restoreFork(ctx context.Context, id, parentID string, info containers.Container, spec *oci.Spec,
-	family, group, imageDir string, rfs *rootfsSource, cfg *forkConfig) (f Fork, retErr error) {
+	family, group, imageDir, base string, cfg *forkConfig) (f Fork, retErr error) {
 	sn := c.cd.SnapshotService(info.Snapshotter)
-	base := rfs.Frozen // a fork stacks a fresh upper on the frozen layer...
-	if base == "" {    // ...or on the parent's image, then copies the layer in
-		pinfo, err := sn.Stat(ctx, info.SnapshotKey)
-		if err != nil {
-			return f, fmt.Errorf("fork %s: parent snapshot: %w", id, err)
-		}
-		base = pinfo.Parent
-	}
 	key := id
-	mounts, err := sn.Prepare(ctx, key, base)
-	if err != nil {
+	if _, err := sn.Prepare(ctx, key, base); err != nil {
 		return f, fmt.Errorf("fork %s: prepare rootfs: %w", id, err)
 	}
 	containerMade := false
@@ -660,15 +679,6 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 			}
 		}
 	}()
-	if rfs.Frozen == "" {
-		upper, err := upperOf(mounts)
-		if err != nil {
-			return f, fmt.Errorf("fork %s: %w", id, err)
-		}
-		if err := copyLayer(upper, rfs.UpperCopy); err != nil {
-			return f, fmt.Errorf("fork %s: copy writable layer: %w", id, err)
-		}
-	}
 	cfg.step(id, StepRootfs)
 	fspec, err := forkSpec(spec, parentID, id, family, group)
 	if err != nil {

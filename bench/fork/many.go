@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -55,9 +58,17 @@ func runManyOnly(heapMiB, n, rounds int, debug bool) error {
 	var walls []time.Duration
 	for r := 0; r < rounds; r++ {
 		rec := newStepRecorder()
+		stopPerf := startPerf(r)
+		cpu0, busy0 := cgroupCPU(), machineBusy()
 		t0 := time.Now()
-		forks, err := b.lf.RestoreForks(ctx, parent.ID, res.Snapshot, n, append(rec.opts(), b.logIO())...)
+		opts := append(rec.opts(), b.logIO())
+		if p, _ := strconv.Atoi(os.Getenv("BENCH_PARALLEL")); p > 0 {
+			opts = append(opts, lfclient.WithParallel(p))
+		}
+		forks, err := b.lf.RestoreForks(ctx, parent.ID, res.Snapshot, n, opts...)
 		wall := time.Since(t0)
+		cpu, busy := cgroupCPU()-cpu0, machineBusy()-busy0
+		stopPerf()
 		var ctrs []containerd.Container
 		for _, f := range forks {
 			ctrs = append(ctrs, f.Container)
@@ -78,6 +89,8 @@ func runManyOnly(heapMiB, n, rounds int, debug bool) error {
 		fmt.Printf("round %d: %d forks in %.3f s wall; restore median %.3f s, max %.3f s; memory median %.2f MB, max %.2f MB; load %s\n",
 			r+1, n, wall.Seconds(), report.Median(each).Seconds(), report.Max(each).Seconds(),
 			report.Median(mems)/1e6, report.Max(mems)/1e6, loadavg())
+		fmt.Printf("  cpu: this bench's cgroup %.2f s (%.1f ms per fork), the machine's %.2f s of %.2f s\n",
+			cpu.Seconds(), cpu.Seconds()*1000/float64(n), busy.Seconds(), 2*wall.Seconds())
 		rec.print(os.Stdout, t0)
 		if r == rounds-1 {
 			nShims, shims, _ := b.env.ShimMemory()
@@ -175,5 +188,69 @@ func (r *stepRecorder) print(w *os.File, t0 time.Time) {
 		sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
 		fmt.Fprintf(w, "  %-10s %8.3f %8.3f %8.3f | %8.3f %8.3f %8.2f\n", s, at[0].Seconds(), report.Median(at).Seconds(), at[len(at)-1].Seconds(),
 			report.Median(d).Seconds(), report.Max(d).Seconds(), sum.Seconds())
+	}
+}
+
+// cgroupCPU is the CPU time of this process's cpuacct cgroup (v1) and its
+// descendants: containerd, the shims, runc and CRIU (run the bench in a
+// cgroup of its own for it to mean that).
+func cgroupCPU() time.Duration {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) == 3 && strings.Contains(","+f[1]+",", ",cpuacct,") {
+			v, err := os.ReadFile("/sys/fs/cgroup/cpuacct" + f[2] + "/cpuacct.usage")
+			if err != nil {
+				v, err = os.ReadFile("/sys/fs/cgroup/cpu,cpuacct" + f[2] + "/cpuacct.usage")
+			}
+			if err != nil {
+				return 0
+			}
+			ns, _ := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+			return time.Duration(ns)
+		}
+	}
+	return 0
+}
+
+// machineBusy is the machine's non-idle CPU time (/proc/stat).
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
+	var busy int64
+	for i, v := range f[1:] {
+		x, _ := strconv.ParseInt(v, 10, 64)
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		busy += x
+	}
+	return time.Duration(busy) * 10 * time.Millisecond
+}
+
+// startPerf runs `perf record $BENCH_PERF_ARGS -o $BENCH_PERF.<round>` over
+// a round when BENCH_PERF is set; the returned func stops it.
+func startPerf(round int) func() {
+	out := os.Getenv("BENCH_PERF")
+	if out == "" {
+		return func() {}
+	}
+	args := append([]string{"record", "-o", fmt.Sprintf("%s.%d", out, round+1)}, strings.Fields(os.Getenv("BENCH_PERF_ARGS"))...)
+	cmd := exec.Command("perf", args...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "perf:", err)
+		return func() {}
+	}
+	time.Sleep(500 * time.Millisecond) // perf's set-up
+	return func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		_ = cmd.Wait()
 	}
 }
