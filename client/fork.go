@@ -493,6 +493,13 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 	if err != nil {
 		return nil, time.Since(start), err
 	}
+	specJSON, err := json.Marshal(spec)
+	if err != nil {
+		if removeBase != nil {
+			removeBase(context.WithoutCancel(ctx))
+		}
+		return nil, time.Since(start), fmt.Errorf("parent spec: %w", err)
+	}
 	var first sync.Once
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, n)
@@ -507,7 +514,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 			defer func() { <-slots }()
 			cfg.step(ids[i], StepQueued)
 			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/max(cfg.groupSize, 1))
-			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, spec, family, group, imageDir, base, cfg)
+			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, specJSON, family, group, imageDir, base, cfg)
 			if errs[i] == nil {
 				first.Do(func() { errs[i] = failpoint(ctx, FailAfterFirstFork) })
 			}
@@ -664,7 +671,7 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 
 // restoreFork makes fork id: its rootfs (a fresh upper on base, see
 // forkBase), its container, its restored task.
-func (c *Client) restoreFork(ctx context.Context, id, parentID string, info containers.Container, spec *oci.Spec,
+func (c *Client) restoreFork(ctx context.Context, id, parentID string, info containers.Container, specJSON []byte,
 	family, group, imageDir, base string, cfg *forkConfig) (f Fork, retErr error) {
 	sn := c.cd.SnapshotService(info.Snapshotter)
 	key := id
@@ -680,7 +687,7 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		}
 	}()
 	cfg.step(id, StepRootfs)
-	fspec, err := forkSpec(spec, parentID, id, family, group)
+	fspec, err := forkSpecJSON(specJSON, parentID, id, family, group)
 	if err != nil {
 		return f, fmt.Errorf("fork %s: %w", id, err)
 	}
@@ -806,6 +813,12 @@ func forkSpec(parent *oci.Spec, parentID, id, family, group string) (*oci.Spec, 
 	if err != nil {
 		return nil, err
 	}
+	return forkSpecJSON(b, parentID, id, family, group)
+}
+
+// forkSpecJSON is forkSpec of the parent's spec in JSON (marshalled once
+// for a batch).
+func forkSpecJSON(b []byte, parentID, id, family, group string) (*oci.Spec, error) {
 	var s oci.Spec
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, err

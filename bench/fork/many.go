@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"sort"
@@ -161,7 +162,7 @@ var stepOrder = []lfclient.ForkStep{lfclient.StepQueued, lfclient.StepRootfs, lf
 // print gives, per step, when the forks finished it (since t0: first,
 // median, last) and how long it took them (from the step before: median,
 // max, sum).
-func (r *stepRecorder) print(w *os.File, t0 time.Time) {
+func (r *stepRecorder) print(w io.Writer, t0 time.Time) {
 	if len(r.steps) == 0 {
 		return
 	}
