@@ -9,6 +9,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
 
 	"github.com/lazyfork/lazyfork/client"
@@ -92,6 +93,27 @@ func TestForksShareOneBatchLayer(t *testing.T) {
 		}
 	}
 	discard := client.WithIO(func(string) cio.Creator { return cio.LogFile("/dev/null") })
+	sn := h.Client().SnapshotService("overlayfs")
+	batchLayers := func() []string {
+		t.Helper()
+		var names []string
+		if err := sn.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+			names = append(names, i.Name)
+			return nil
+		}, `labels."lazyfork.io/batch-layer"`); err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	// A call whose forks all fail leaves no layer behind.
+	if _, err := lf.Fork(ctx, ctr.ID(), 2, discard, client.WithTimeout(time.Nanosecond)); err != nil {
+		t.Logf("failed as it should: %v", err)
+	} else {
+		t.Fatal("forks restored within a nanosecond")
+	}
+	if l := batchLayers(); len(l) > 0 {
+		t.Errorf("a failed call left its batch layer: %v", l)
+	}
 	res, err := lf.Fork(ctx, ctr.ID(), 3, discard)
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +121,6 @@ func TestForksShareOneBatchLayer(t *testing.T) {
 	for _, f := range res.Forks {
 		made = append(made, f.Container)
 	}
-	sn := h.Client().SnapshotService("overlayfs")
 	var base string
 	for _, f := range res.Forks {
 		info, err := sn.Stat(ctx, f.Container.ID())
@@ -159,4 +180,25 @@ func TestForksShareOneBatchLayer(t *testing.T) {
 	}
 	defer lf.RemoveSnapshot(context.WithoutCancel(ctx), image)
 	check("the layer SnapshotForRootfs copies", upper, true)
+
+	// The layer lives as long as a fork stacks on it.
+	for _, c := range append(made[1:], nil) {
+		if c == nil {
+			break
+		}
+		if task, err := c.Task(ctx, nil); err == nil {
+			if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+			t.Fatal(err)
+		}
+	}
+	made = made[:1]
+	for deadline := time.Now().Add(time.Minute); len(batchLayers()) > 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the forks are gone, their batch layers are not: %v", batchLayers())
+		}
+	}
 }
