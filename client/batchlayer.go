@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -186,6 +188,20 @@ func opaqueDir(p string) bool {
 		buf := make([]byte, 4)
 		n, err := unix.Lgetxattr(p, name, buf)
 		if err == nil && n == 1 && buf[0] == 'y' {
+			return true
+		}
+	}
+	return false
+}
+
+// isOverlay tells whether a snapshot's mounts are an overlay with an upper
+// directory (whose whiteouts and opaque directories say what it hides below).
+func isOverlay(mounts []mount.Mount) bool {
+	if len(mounts) != 1 {
+		return false
+	}
+	for _, o := range mounts[0].Options {
+		if strings.HasPrefix(o, "upperdir=") {
 			return true
 		}
 	}

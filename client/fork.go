@@ -646,15 +646,22 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 			return fmt.Errorf("the writable layer of %s is on snapshotter %s: forking it copies the layer with files of the node, which a client of the node API cannot do; create it on LazyFork's snapshotter (%s, lazyfork setup starts it), or fork on the node with the root's files (--root, client.WithRoot): %w",
 				parent.ID(), info.Snapshotter, snapclient.SnapshotterName, errdefs.ErrNotImplemented)
 		}
-		upper, err := c.upperDir(ctx, info.Snapshotter, info.SnapshotKey)
+		mounts, err := c.cd.SnapshotService(info.Snapshotter).Mounts(ctx, info.SnapshotKey)
+		if err != nil {
+			return fmt.Errorf("mounts of snapshot %s: %w", info.SnapshotKey, err)
+		}
+		upper, err := upperOf(mounts)
 		if err != nil {
 			return err
 		}
-		// A fork's rootfs stacks on its batch's layer: the copy holds that
-		// layer too, so it is all that lies above the parent's image.
-		lower, release, err := c.batchLayerDir(ctx, info)
-		if err != nil {
-			return err
+		// A fork's overlay stacks on its batch's layer: the copy holds that
+		// layer too, so it is all that lies above the parent's image. (A
+		// snapshotter without overlays gives the whole tree as the upper.)
+		lower, release := "", func() {}
+		if isOverlay(mounts) {
+			if lower, release, err = c.batchLayerDir(ctx, info); err != nil {
+				return err
+			}
 		}
 		rfs.UpperCopy = filepath.Join(filepath.Dir(imageDir), "upper")
 		err = copyLayers(rfs.UpperCopy, lower, upper)
