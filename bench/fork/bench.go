@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -33,7 +34,11 @@ type bench struct {
 }
 
 func newBench(bin string, nForks, plainMax int) (*bench, error) {
-	env, lf, err := ctrbench.SetupLazyFork(context.Background(), bin)
+	return newBenchWith(bin, nForks, plainMax, harness.Options{})
+}
+
+func newBenchWith(bin string, nForks, plainMax int, opts harness.Options) (*bench, error) {
+	env, lf, err := ctrbench.SetupLazyForkWith(context.Background(), bin, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +149,12 @@ func (b *bench) lazyfork(ctx context.Context, heapMiB int) error {
 
 	// n forks at once from the same snapshot.
 	t0 := time.Now()
-	forks, err := b.lf.RestoreForks(ctx, parent.ID, res.Snapshot, b.nForks, b.logIO())
+	rec := newStepRecorder()
+	opts := append(rec.opts(), b.logIO())
+	if p, _ := strconv.Atoi(os.Getenv("BENCH_PARALLEL")); p > 0 {
+		opts = append(opts, lfclient.WithParallel(p))
+	}
+	forks, err := b.lf.RestoreForks(ctx, parent.ID, res.Snapshot, b.nForks, opts...)
 	wall := time.Since(t0)
 	for _, f := range forks {
 		made = append(made, f.Container)
@@ -163,6 +173,8 @@ func (b *bench) lazyfork(ctx context.Context, heapMiB int) error {
 	m.addDur(heapMiB, sys, fmt.Sprintf("restore_%d_median", b.nForks), report.Median(each))
 	m.addDur(heapMiB, sys, fmt.Sprintf("restore_%d_max", b.nForks), report.Max(each))
 	m.addDur(heapMiB, sys, fmt.Sprintf("restore_%d_wall_incl_rootfs", b.nForks), wall)
+	fmt.Fprintf(os.Stderr, "bench-fork: %d forks at once, %d MiB: %.3f s wall, load %s; each fork's steps:\n", b.nForks, heapMiB, wall.Seconds(), loadavg())
+	rec.print(os.Stderr, t0)
 	m.add(heapMiB, sys, "memory_after_restore_median", report.Median(mems), "B")
 	m.add(heapMiB, sys, "memory_after_restore_max", report.Max(mems), "B")
 

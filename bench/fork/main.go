@@ -36,7 +36,21 @@ func main() {
 	plainMax := flag.Int("plain-many-max", 256, "largest heap (MiB) for which plain runc restores -forks copies at once (each costs the whole heap)")
 	out := flag.String("out", "", "results directory (default: bench/results in the source tree)")
 	only := flag.Bool("breakdown-only", false, "only the floors and one fork's phases (no heap series, nothing written)")
+	many := flag.Bool("many-only", false, "only -forks forks at once of the first -heaps size, -rounds times, with each step's times (nothing written)")
+	rounds := flag.Int("rounds", 3, "rounds of -many-only")
+	debug := flag.Bool("debug", false, "containerd at debug level (its log is kept)")
 	flag.Parse()
+	if *many {
+		h, err := strconv.Atoi(strings.Split(*heaps, ",")[0])
+		if err == nil {
+			err = runManyOnly(h, *forks, *rounds, *debug)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench-fork:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *only {
 		if err := runBreakdownOnly(); err != nil {
 			fmt.Fprintln(os.Stderr, "bench-fork:", err)
