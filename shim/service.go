@@ -58,6 +58,8 @@ type Service struct {
 	oomWatcher oom.Watcher           // for restored tasks, guarded by mu
 
 	trim heapTrimmer
+
+	zeroGuards zeroGuards // per snapshot image: does it carry a zero-mode guard
 }
 
 // container is LazyFork's view of one task served by this shim.
@@ -299,7 +301,7 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		withOvercommitHook(spec, s.self, r.Bundle, s.cfg.Overcommit)
 	}
 	if s.cfg.CRIUVerbosity != "" {
-		conf, err := ensureCRIUConfig(s.cfg.Root, s.cfg.CRIUVerbosity, snap != nil && zeroGuard(ctx, r.Checkpoint))
+		conf, err := ensureCRIUConfig(s.cfg.Root, s.cfg.CRIUVerbosity, snap != nil && s.zeroGuards.of(ctx, r.Checkpoint))
 		if err != nil {
 			return nil, fmt.Errorf("CRIU configuration: %w", err)
 		}
