@@ -98,7 +98,16 @@ func (e *lfEnv) memHits(t *testing.T, ctx context.Context, task containerd.Task,
 //  3. memory a fork wrote after it diverged is seen by that fork's own forks,
 //     never by its sibling or its parent.
 func TestIsolation(t *testing.T) {
-	e, ctx, img := startLFPython(t)
+	// The node API serves the shim's fork-of of a running container, as on
+	// a node lazyfork setup made: the attempts below reach its checks.
+	na := newNodeAPI(t)
+	e := startLF(t, harness.Options{Env: []string{na.Env()}})
+	na.start(t, e.Bin, e.Root)
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python")
+	if err != nil {
+		t.Fatal(err)
+	}
 	lf := e.lfClient()
 	victimID := "victim-" + lfRandom(3)
 	_, victimTask := e.run(t, ctx, img, victimID, secretProg("victim"))
