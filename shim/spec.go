@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/lazyfork/lazyfork/internal/atomicfile"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -92,24 +93,7 @@ func mappedRootGID(s *specs.Spec) (uint32, bool) {
 // file where the bundles are on a disk (6-11 ms each on a loaded host; a fork
 // wrote three: its spec at shim start and at create, and its state).
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteVolatile(path, data, mode)
 }
 
 // withMemMount bind-mounts the family's memory directory read-only at

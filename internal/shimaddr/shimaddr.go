@@ -20,6 +20,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/lazyfork/lazyfork/internal/atomicfile"
 )
 
 // Annotations of a container's OCI spec that decide its shim.
@@ -180,34 +182,11 @@ func (s *Spec) SetRuncGroup(group string) error {
 	if err != nil {
 		return err
 	}
-	return writeFile(s.path, out, 0o600)
+	return atomicfile.WriteVolatile(s.path, out, 0o600)
 }
 
 // ShimGroup is ShimGroup of the spec's annotations.
 func (s *Spec) ShimGroup() (group string, rewrite bool) { return ShimGroup(s.Annotations) }
-
-// writeFile replaces path with data by a rename, without fsync: bundles are
-// containerd's runtime state, meaningless after a reboot.
-func writeFile(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
 
 // LockEnv hands a held start lock to the program a process executes (the
 // front to the full shim): "FD:GROUP", the lock's descriptor left open across
