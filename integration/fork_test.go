@@ -854,55 +854,16 @@ func startSnapshotter(t *testing.T, bin string) (root, address string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { os.RemoveAll(dir) }) // after runSnapshotter's cleanup
 	root, address = filepath.Join(dir, "root"), filepath.Join(dir, "sn.sock")
-	logPath := filepath.Join(dir, "snapshotter.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), "--root", root, "--address", address)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logf.Close()
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("lazyfork-snapshotter log:\n%s", b)
-		}
-		if mounts, _ := harness.MountsUnder(dir); len(mounts) > 0 {
-			for _, m := range mounts {
-				_ = syscall.Unmount(m, syscall.MNT_DETACH)
-			}
-		}
-		os.RemoveAll(dir)
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := snapclient.Dial(context.Background(), snapclient.TTRPCAddress(address)); err == nil {
+	runSnapshotter(t, bin, filepath.Join(dir, "snapshotter.log"), dir, func() error {
+		c, err := snapclient.Dial(context.Background(), snapclient.TTRPCAddress(address))
+		if err == nil {
 			c.Close()
-			return root, address
 		}
-		select {
-		case <-done:
-			b, _ := os.ReadFile(logPath)
-			t.Fatalf("lazyfork-snapshotter exited:\n%s", b)
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("lazyfork-snapshotter does not answer")
-		}
-	}
+		return err
+	}, "--root", root, "--address", address)
+	return root, address
 }
 
 // TestForkOnFrozenLayer: a parent on LazyFork's snapshotter; its forks stack a

@@ -39,13 +39,25 @@ func (n *nodeAPI) Env() string { return "LAZYFORK_API=" + n.socket }
 // call it after startLF, so that it stops before containerd's teardown.
 func (n *nodeAPI) start(t *testing.T, bin, root string) {
 	t.Helper()
-	logPath := filepath.Join(n.dir, "snapshotter.log")
+	runSnapshotter(t, bin, filepath.Join(n.dir, "snapshotter.log"), n.dir, func() error {
+		r := node.NewRemote(n.socket)
+		defer r.Close()
+		_, err := r.FreeSpace(context.Background())
+		return err
+	}, "--root", filepath.Join(n.dir, "sn"), "--address", filepath.Join(n.dir, "sn.sock"), "--lazyfork-root", root)
+}
+
+// runSnapshotter runs bin's lazyfork-snapshotter with args until the test
+// ends (SIGTERM, then SIGKILL after 30 s; its log, logPath, shown if the test
+// failed; mounts left under mountsUnder, when set, detached), and waits up to
+// 30 s for ready to succeed.
+func runSnapshotter(t *testing.T, bin, logPath, mountsUnder string, ready func() error, args ...string) {
+	t.Helper()
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), "--root", filepath.Join(n.dir, "sn"),
-		"--address", filepath.Join(n.dir, "sn.sock"), "--lazyfork-root", root)
+	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -63,9 +75,12 @@ func (n *nodeAPI) start(t *testing.T, bin, root string) {
 		}
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
-			t.Logf("lazyfork-snapshotter (node API) log:\n%s", b)
+			t.Logf("lazyfork-snapshotter log (%s):\n%s", logPath, b)
 		}
-		if mounts, _ := harness.MountsUnder(n.dir); len(mounts) > 0 {
+		if mountsUnder == "" {
+			return
+		}
+		if mounts, _ := harness.MountsUnder(mountsUnder); len(mounts) > 0 {
 			for i := len(mounts) - 1; i >= 0; i-- {
 				_ = syscall.Unmount(mounts[i], syscall.MNT_DETACH)
 			}
@@ -73,9 +88,7 @@ func (n *nodeAPI) start(t *testing.T, bin, root string) {
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		r := node.NewRemote(n.socket)
-		_, err := r.FreeSpace(context.Background())
-		r.Close()
+		err := ready()
 		if err == nil {
 			return
 		}
@@ -86,7 +99,7 @@ func (n *nodeAPI) start(t *testing.T, bin, root string) {
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lazyfork-snapshotter does not answer at %s: %v", n.socket, err)
+			t.Fatalf("lazyfork-snapshotter does not answer: %v", err)
 		}
 	}
 }

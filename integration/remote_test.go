@@ -278,45 +278,8 @@ func startNodeSnapshotter(t *testing.T, bin, root, address, lfRoot string) {
 	if err := os.MkdirAll(filepath.Dir(address), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(filepath.Dir(filepath.Dir(address)), "snapshotter.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), "--root", root, "--address", address, "--lazyfork-root", lfRoot)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logf.Close()
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("lazyfork-snapshotter log:\n%s", b)
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(snapclient.TTRPCAddress(address)); err == nil {
-			return
-		}
-		select {
-		case <-done:
-			b, _ := os.ReadFile(logPath)
-			t.Fatalf("lazyfork-snapshotter exited:\n%s", b)
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("lazyfork-snapshotter did not serve its node API")
-		}
-	}
+	runSnapshotter(t, bin, filepath.Join(filepath.Dir(filepath.Dir(address)), "snapshotter.log"), "", func() error {
+		_, err := os.Stat(snapclient.TTRPCAddress(address))
+		return err
+	}, "--root", root, "--address", address, "--lazyfork-root", lfRoot)
 }

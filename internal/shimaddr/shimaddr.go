@@ -6,7 +6,8 @@
 // small front binary containerd runs for `start`
 // (cmd/containerd-shim-lazyfork-v1) use it, so they cannot disagree.
 //
-// It imports the standard library only: the front must start in a
+// It imports the standard library only (and internal/atomicfile, which does
+// too): the front must start in a
 // millisecond or two, without containerd's client, grpc or protobuf.
 package shimaddr
 
