@@ -123,18 +123,17 @@ func (v *supervisor) close(ctx context.Context) {
 }
 
 // readZeroGuard reports whether the snapshot in dir carries a zero-mode guard.
-func readZeroGuard(ctx context.Context, dir string) bool {
+func readZeroGuard(dir string) (bool, error) {
 	ths, err := madvguard.Inspect(dir)
 	if err != nil {
-		log.G(ctx).WithError(err).Warn("lazyfork: inspect madvise guard")
-		return false
+		return false, err
 	}
 	for _, th := range ths {
 		if th.Guards > 0 && th.Mode == madvguard.Zero {
-			return true
+			return true, nil
 		}
 	}
-	return false
+	return false, nil
 }
 
 // zeroGuards remembers, per snapshot image, whether it carries a zero-mode
@@ -142,21 +141,31 @@ func readZeroGuard(ctx context.Context, dir string) bool {
 // supervisor), and reading the guard decodes the image's core files (2 ms a
 // fork, 13% of a group shim's CPU in a batch of 100). A snapshot's image does
 // not change once committed; a directory replaced in place (the rewrite's
-// staged commit exchanges it) is another inode, so the key is the inode.
+// staged commit exchanges it) or made anew under a freed inode number is
+// another (inode, change time) pair. Only answers read without error are kept.
 type zeroGuards struct{ m sync.Map }
 
-type imageKey struct{ dev, ino uint64 }
+type imageKey struct {
+	dir            string
+	dev, ino       uint64
+	ctimeS, ctimeN int64
+}
 
 func (z *zeroGuards) of(ctx context.Context, dir string) bool {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
-		return readZeroGuard(ctx, dir)
+		log.G(ctx).WithError(err).Warn("lazyfork: inspect madvise guard")
+		return false
 	}
-	k := imageKey{uint64(st.Dev), st.Ino}
+	k := imageKey{dir, uint64(st.Dev), st.Ino, st.Ctim.Sec, st.Ctim.Nsec}
 	if v, ok := z.m.Load(k); ok {
 		return v.(bool)
 	}
-	v := readZeroGuard(ctx, dir)
+	v, err := readZeroGuard(dir)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("lazyfork: inspect madvise guard")
+		return false
+	}
 	z.m.Store(k, v)
 	return v
 }
