@@ -142,7 +142,27 @@ type v1Mounts struct {
 	dest       map[string]string // controller (or name=X) -> its mount's root, as cgroup1's getCgroupDestination
 }
 
-var cgroupV1Mounts = sync.OnceValues(func() (*v1Mounts, error) {
+// cgroupV1Mounts returns the v1 mounts, read on the first call that succeeds.
+func cgroupV1Mounts() (*v1Mounts, error) {
+	v1MountsMu.Lock()
+	defer v1MountsMu.Unlock()
+	if v1MountsRead != nil {
+		return v1MountsRead, nil
+	}
+	m, err := readV1Mounts()
+	if err != nil {
+		return nil, err
+	}
+	v1MountsRead = m
+	return m, nil
+}
+
+var (
+	v1MountsMu   sync.Mutex
+	v1MountsRead *v1Mounts
+)
+
+func readV1Mounts() (*v1Mounts, error) {
 	subs, err := cgroup1.Default()
 	if err != nil {
 		return nil, err
@@ -164,7 +184,7 @@ var cgroupV1Mounts = sync.OnceValues(func() (*v1Mounts, error) {
 		}
 	}
 	return m, nil
-})
+}
 
 func (m *v1Mounts) hierarchy() ([]cgroup1.Subsystem, error) { return m.subsystems, nil }
 
