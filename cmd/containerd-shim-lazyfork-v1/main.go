@@ -58,30 +58,35 @@ func main() {
 	if a, ok := parseArgs(os.Args[1:]); ok && a.action == "start" && os.Getenv(madvguardServeEnv) == "" {
 		var err error
 		input, err = io.ReadAll(io.LimitReader(os.Stdin, maxInput))
-		if err == nil {
-			full, _ := fullPath()
-			out, held, ok, err := start(a, input, full)
-			if err != nil {
-				// A new shim was started and killed: fail as the full
-				// shim fails.
-				fmt.Fprintf(os.Stderr, "%s: %s", runtimeName, err)
+		if err != nil {
+			// As pkg/shim fails: a part of the parameters must not pass
+			// for the whole (a trailing field lost, such as the socket
+			// directory, would still decode).
+			fmt.Fprintf(os.Stderr, "%s: failed to read stdin: %s", runtimeName, err)
+			os.Exit(1)
+		}
+		full, _ := fullPath()
+		out, held, ok, err := start(a, input, full)
+		if err != nil {
+			// A new shim was started and killed: fail as the full
+			// shim fails.
+			fmt.Fprintf(os.Stderr, "%s: %s", runtimeName, err)
+			os.Exit(1)
+		}
+		if ok {
+			if _, err := os.Stdout.Write(out); err != nil {
+				fmt.Fprintf(os.Stderr, "%s: write the bootstrap result: %s", filepath.Base(os.Args[0]), err)
 				os.Exit(1)
 			}
-			if ok {
-				if _, err := os.Stdout.Write(out); err != nil {
-					fmt.Fprintf(os.Stderr, "%s: write the bootstrap result: %s", filepath.Base(os.Args[0]), err)
-					os.Exit(1)
-				}
-				return
-			}
-			if held != nil {
-				// Held until the full shim has started the group's shim:
-				// the group's other starts then find it running.
-				if kv, err := held.Handoff(); err == nil {
-					env = append(os.Environ(), kv)
-				} else {
-					held.Release()
-				}
+			return
+		}
+		if held != nil {
+			// Held until the full shim has started the group's shim:
+			// the group's other starts then find it running.
+			if kv, err := held.Handoff(); err == nil {
+				env = append(os.Environ(), kv)
+			} else {
+				held.Release()
 			}
 		}
 	}

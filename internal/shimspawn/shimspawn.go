@@ -278,7 +278,9 @@ func CanConnect(address string) bool {
 	}
 	defer syscall.Close(fd)
 	// A full accept queue makes a blocking connect wait up to the send
-	// timeout, as containerd's dial waits up to its timeout.
+	// timeout. Here this differs from containerd's dial, which fails at once
+	// on a full queue (EAGAIN) and so takes a busy shim's socket for a stale
+	// one; waiting is the safer answer.
 	tv := syscall.NsecToTimeval(connectTimeout.Nanoseconds())
 	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv); err != nil {
 		return false
