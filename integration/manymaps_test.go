@@ -23,13 +23,8 @@ import (
 // contents. Before, CRIU opened one memory file per converted mapping at
 // the restore and ran out of file descriptors (the shim's move onto memory
 // files makes the parent's own mappings alternate the same way).
-//
-// CRIU runs with glibc's malloc handing back dirty memory: a premapped task's
-// empty parent once lacked a pages file, and CRIU 4.1.1 then read an image
-// buffer it never initialised, killing the restored task with SIGSEGV only
-// when malloc recycled a dirty chunk (now and then, unless made certain).
 func TestManyMappingsFork(t *testing.T) {
-	e := startLF(t, harness.Options{Env: []string{"GLIBC_TUNABLES=glibc.malloc.tcache_count=0:glibc.malloc.perturb=85"}})
+	e := startLF(t, harness.Options{})
 	ctx := e.ctx(t)
 	bin := staticProgram(t, "fidelity/testdata/altmaps.c")
 	img, err := e.ImportImage(ctx, "busybox")
