@@ -343,16 +343,21 @@ func (b *bench) sampleTotal(ctx context.Context, t total, pcg string, pid int, m
 		t.forksShmem += m.shmem
 	}
 	t.tmpfs = tmpfsBytes(memDir)
-	var sm ctrbench.ProcMemory
-	t.nShims, sm, _ = b.env.ShimMemory()
-	t.shimPss = sm.Pss
+	var shims []string
+	for _, pid := range harness.ShimPIDs(b.env.H.Address) {
+		m, err := ctrbench.ReadProcMemory(pid)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		t.nShims++
+		t.shimPss += m.Pss
+		shims = append(shims, fmt.Sprintf("    shim %d: rss %.1f MB, private anonymous %.1f MB, pss %.1f MB\n", pid, float64(m.RSS)/1e6, float64(m.RssAnon)/1e6, float64(m.Pss)/1e6))
+	}
 	fmt.Fprintf(os.Stderr, "  %d forks, %.0f s after: parent %.1f MB + forks %.1f MB + tmpfs %.1f MB + shims %.1f MB = %.1f MB, %.1f MB counting charged files once\n",
 		t.forks, t.after.Seconds(), float64(t.parent.cgroup)/1e6, float64(t.forksCgroup)/1e6, float64(t.tmpfs)/1e6, float64(t.shimPss)/1e6,
 		float64(t.sum())/1e6, float64(t.dedup())/1e6)
-	for _, pid := range harness.ShimPIDs(b.env.H.Address) {
-		if m, err := ctrbench.ReadProcMemory(pid); err == nil {
-			fmt.Fprintf(os.Stderr, "    shim %d: rss %.1f MB, private anonymous %.1f MB, pss %.1f MB\n", pid, float64(m.RSS)/1e6, float64(m.RssAnon)/1e6, float64(m.Pss)/1e6)
-		}
+	for _, line := range shims {
+		fmt.Fprint(os.Stderr, line)
 	}
 	return t, nil
 }

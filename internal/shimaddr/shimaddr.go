@@ -275,7 +275,8 @@ func InheritedLock(socketDir, group string) *Lock {
 	}
 	// Only a descriptor that is the named group's lock file is ours: a stale
 	// variable would name whatever descriptor has that number now.
-	if g == "" || !sameFile(fd, lockPath(socketDir, g)) {
+	path := lockPath(socketDir, g)
+	if g == "" || !sameFile(fd, path) {
 		return nil
 	}
 	if g != group {
@@ -283,7 +284,6 @@ func InheritedLock(socketDir, group string) *Lock {
 		return nil
 	}
 	syscall.CloseOnExec(fd)
-	path := lockPath(socketDir, group)
 	return &Lock{f: os.NewFile(uintptr(fd), path), path: path, group: group}
 }
 
