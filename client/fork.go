@@ -224,7 +224,9 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	if err == nil {
 		st, err = task.Status(ctx)
 	}
-	if err != nil || st.Status != containerd.Running && st.Status != containerd.Paused {
+	// Pausing is a live task too: another fork call of it is freezing it (the
+	// parent lock, taken below, waits for that call).
+	if err != nil || st.Status != containerd.Running && st.Status != containerd.Paused && st.Status != containerd.Pausing {
 		// A stopped container forks from the snapshot Stop kept.
 		snap, serr := c.stoppedSnapshot(ctx, parentID, info.Labels)
 		if serr != nil {
