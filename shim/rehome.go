@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/sys/reaper"
@@ -38,8 +39,6 @@ type rehomeResult struct {
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
 	NoNewPrivs []int
-	// Freed is what older files' pages the move made unused were freed.
-	Freed int64
 }
 
 // rehomeEnabled reports whether a container's memory moves onto its files at
@@ -148,16 +147,32 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		return res, errors.New(reply.Err)
 	}
 	nothingMoved = res.VMAs == 0 && res.Bytes == 0
-	// The older files' pages the container no longer maps are freed when
-	// nothing else can read them: without this a parent that keeps writing
-	// new pages keeps both copies of each on the tmpfs.
-	own := func(h string) bool {
-		return h == containerHolder(st.Namespace, st.ID) || strings.HasPrefix(h, movedHolder(st.Namespace, st.ID, ""))
+	return res, nil
+}
+
+// freeReplaced frees the pages of older memory files that a move replaced
+// (the container wrote them, and now maps the new file there) once nothing
+// else can read them: without it a parent that keeps writing new pages keeps
+// both copies of each on the tmpfs. It runs after the dump, off the pause:
+// it reads every process's mappings on the host (tens of milliseconds beside
+// a hundred containers), and the container maps none of these ranges either
+// way.
+func (s *Service) freeReplaced(ctx context.Context, st *containerState, replaced []memfile.FileRange) {
+	if len(replaced) == 0 {
+		return
 	}
-	if res.Freed, err = store.PunchUnused(st.Family, own, reply.Replaced); err != nil {
+	store, err := s.Store()
+	if err == nil {
+		own := func(h string) bool {
+			return h == containerHolder(st.Namespace, st.ID) || strings.HasPrefix(h, movedHolder(st.Namespace, st.ID, ""))
+		}
+		var freed int64
+		freed, err = store.PunchUnused(st.Family, own, replaced)
+		log.G(ctx).WithFields(log.Fields{"id": st.ID, "freed": freed}).Debug("lazyfork: freed the pages a move replaced")
+	}
+	if err != nil {
 		log.G(ctx).WithError(err).WithField("id", st.ID).Warn("lazyfork: free the pages a move replaced")
 	}
-	return res, nil
 }
 
 // freeze puts a cgroup back in the frozen state (v1 freezer or v2).
@@ -218,11 +233,15 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *rehomeR
 	if err != nil {
 		return nil, fmt.Errorf("start the rehome helper: %w", err)
 	}
+	// The request goes first, so that the helper starts, seizes and plans
+	// while it is moved into the container's memory cgroup (a cgroup v1
+	// migration waits for an RCU grace period: 2-15 ms here). It copies
+	// only once its stdin closes, so what it writes is charged there.
+	werr := json.NewEncoder(stdin).Encode(req)
 	if err := joinMemoryCgroup(initPID, cmd.Process.Pid); err != nil {
 		log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the file is charged to the shim)")
 	}
 	req.ChargedTo = memoryCgroupOf(cmd.Process.Pid)
-	werr := json.NewEncoder(stdin).Encode(req)
 	stdin.Close()
 	code, err := reaper.Default.Wait(cmd, ec)
 	if werr != nil || err != nil || code != 0 {
@@ -239,14 +258,20 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *rehomeR
 // container, move each process onto the file, guard what moved, let go.
 func runRehome(stdin io.Reader, stdout io.Writer) error {
 	var req rehomeRequest
-	if err := json.NewDecoder(stdin).Decode(&req); err != nil {
+	dec := json.NewDecoder(stdin)
+	if err := dec.Decode(&req); err != nil {
 		return fmt.Errorf("decode request: %w", err)
 	}
-	reply := moveAll(&req)
+	// stdin closes once the shim has put this process into the container's
+	// memory cgroup.
+	joined := sync.OnceFunc(func() { io.Copy(io.Discard, io.MultiReader(dec.Buffered(), stdin)) })
+	reply := moveAll(&req, joined)
 	return json.NewEncoder(stdout).Encode(reply)
 }
 
-func moveAll(req *rehomeRequest) (reply rehomeReply) {
+// moveAll moves the tree of req; joined returns once the helper is in the
+// container's memory cgroup, and is called before anything is written.
+func moveAll(req *rehomeRequest, joined func()) (reply rehomeReply) {
 	fail := func(err error) rehomeReply { reply.Err = err.Error(); return reply }
 	f, err := os.OpenFile(req.HostFile, os.O_RDWR, 0)
 	if err != nil {
@@ -288,6 +313,7 @@ func moveAll(req *rehomeRequest) (reply rehomeReply) {
 		if len(vmas) == 0 {
 			continue
 		}
+		joined()
 		if os.Getenv("LAZYFORK_REHOME_FAILPOINT") == "die-mid-move" && len(vmas) > 1 {
 			// Tests: the helper killed with part of the tree moved.
 			tr.MoveFile(pid, f, req.Inside, vmas[:1], req.Chunk)
@@ -415,7 +441,7 @@ func cgroupProcs(dir string) ([]int, error) {
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration,
-		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls, "freed": res.Freed})
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced)})
 	if len(res.NoNewPrivs) > 0 {
 		l = l.WithField("no_new_privs", res.NoNewPrivs)
 	}

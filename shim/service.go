@@ -581,10 +581,25 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	// held once, and the dump below sees file mappings and holds only what
 	// it wrote since (the delta path of a fork of a fork).
 	var tMove time.Duration
+	// What the move replaced is freed once the task runs again (or the
+	// checkpoint failed), overlapping the rewrite; Checkpoint returns after.
+	var replaced []memfile.FileRange
+	freeReplaced := sync.OnceValue(func() chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.freeReplaced(context.WithoutCancel(ctx), st, replaced)
+		}()
+		return done
+	})
+	defer func() { <-freeReplaced() }()
 	if move {
 		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
 		<-wipeRead
 		tMove = res.Duration
+		if err == nil {
+			replaced = res.Helper.Replaced
+		}
 		if errdefs.IsResourceExhausted(err) && res.VMAs == 0 {
 			// Its memory limit bounds its snapshots: no dump charged
 			// elsewhere behind its back.
@@ -645,6 +660,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		}
 	}
 	tThawed := time.Since(t0)
+	freeReplaced()
 	store, err := s.Store()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)

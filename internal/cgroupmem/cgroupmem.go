@@ -11,111 +11,155 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
-// dirs returns the directories of cgroup path p that may hold its memory
-// files, each with the name of its usage file: the v1 memory hierarchy's
-// first, then the unified one's.
-func dirs(p string) ([][2]string, error) {
-	if p == "" || !strings.HasPrefix(p, "/") || strings.Contains(p, "..") {
-		return nil, fmt.Errorf("cgroup path %q is not an absolute cgroupfs path: %w", p, errdefs.ErrInvalidArgument)
+// hierarchies caches where the memory hierarchies are mounted: the mount
+// table of a host running hundreds of containers takes milliseconds to
+// parse, and a move reads its container's limit inside the container's
+// pause. A cgroup none of the cached hierarchies holds makes read look at
+// the mount table again (a hierarchy mounted since).
+var hierarchies struct {
+	sync.Mutex
+	v1, v2 []string
+	read   bool
+}
+
+// mountPoints returns the v1 memory hierarchies' and the unified ones' mount
+// points, from the mount table when fresh or never read.
+func mountPoints(fresh bool) (v1, v2 []string, err error) {
+	h := &hierarchies
+	h.Lock()
+	defer h.Unlock()
+	if h.read && !fresh {
+		return h.v1, h.v2, nil
 	}
 	ms, err := procfs.Mounts()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var v1, v2 [][2]string
+	v1, v2 = nil, nil
 	for _, m := range ms {
 		switch {
 		case m.FSType == "cgroup" && hasOption(m.Super, "memory"):
-			v1 = append(v1, [2]string{filepath.Join(m.Point, p), "memory.usage_in_bytes"})
+			v1 = append(v1, m.Point)
 		case m.FSType == "cgroup2":
-			v2 = append(v2, [2]string{filepath.Join(m.Point, p), "memory.current"})
+			v2 = append(v2, m.Point)
 		}
 	}
-	return append(v1, v2...), nil
+	h.v1, h.v2, h.read = v1, v2, true
+	return v1, v2, nil
+}
+
+// dirs returns the directories of cgroup path p that may hold its memory
+// files, each with the name of its usage file: the v1 memory hierarchy's
+// first, then the unified one's.
+func dirs(p string, fresh bool) ([][2]string, error) {
+	if p == "" || !strings.HasPrefix(p, "/") || strings.Contains(p, "..") {
+		return nil, fmt.Errorf("cgroup path %q is not an absolute cgroupfs path: %w", p, errdefs.ErrInvalidArgument)
+	}
+	v1, v2, err := mountPoints(fresh)
+	if err != nil {
+		return nil, err
+	}
+	var ds [][2]string
+	for _, m := range v1 {
+		ds = append(ds, [2]string{filepath.Join(m, p), "memory.usage_in_bytes"})
+	}
+	for _, m := range v2 {
+		ds = append(ds, [2]string{filepath.Join(m, p), "memory.current"})
+	}
+	return ds, nil
+}
+
+// read returns the contents of the first of cgroup p's memory files
+// name(dir) that exists, and that directory with its usage file's name.
+func read(p string, name func(d [2]string) string) ([2]string, []byte, error) {
+	var tried []string
+	for _, fresh := range []bool{false, true} {
+		ds, err := dirs(p, fresh)
+		if err != nil {
+			return [2]string{}, nil, err
+		}
+		tried = tried[:0]
+		for _, d := range ds {
+			file := filepath.Join(d[0], name(d))
+			tried = append(tried, file)
+			if b, err := os.ReadFile(file); err == nil {
+				return d, b, nil
+			}
+		}
+	}
+	return [2]string{}, nil, fmt.Errorf("cgroup %s (tried %v): %w", p, tried, errdefs.ErrNotFound)
+}
+
+// parseBytes parses a memory file's single number.
+func parseBytes(file string, b []byte) (int64, error) {
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %q: %w", file, b, errdefs.ErrDataLoss)
+	}
+	return v, nil
 }
 
 // Usage returns the memory charged to cgroup p, in bytes.
 func Usage(p string) (int64, error) {
-	ds, err := dirs(p)
+	d, b, err := read(p, func(d [2]string) string { return d[1] })
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("no memory usage: %w", err)
 	}
-	var tried []string
-	for _, d := range ds {
-		file := filepath.Join(d[0], d[1])
-		tried = append(tried, file)
-		b, err := os.ReadFile(file)
-		if err != nil {
-			continue
-		}
-		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %q: %w", file, b, errdefs.ErrDataLoss)
-		}
-		return v, nil
-	}
-	return 0, fmt.Errorf("no memory usage for cgroup %s (tried %v): %w", p, tried, errdefs.ErrNotFound)
+	return parseBytes(filepath.Join(d[0], d[1]), b)
 }
 
 // Limit returns cgroup p's memory limit and usage in bytes; ok is false when
 // the cgroup has no limit (v1: the "unlimited" page-rounded maximum, v2: "max").
 func Limit(p string) (limit, usage int64, ok bool, err error) {
-	ds, err := dirs(p)
+	d, b, err := read(p, func(d [2]string) string {
+		if d[1] == "memory.usage_in_bytes" {
+			return "memory.limit_in_bytes"
+		}
+		return "memory.max"
+	})
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("no memory limit: %w", err)
+	}
+	usageFile := filepath.Join(d[0], d[1])
+	u, err := os.ReadFile(usageFile)
 	if err != nil {
 		return 0, 0, false, err
 	}
-	for _, d := range ds {
-		limitFile := "memory.max"
-		if d[1] == "memory.usage_in_bytes" {
-			limitFile = "memory.limit_in_bytes"
-		}
-		b, err := os.ReadFile(filepath.Join(d[0], limitFile))
-		if err != nil {
-			continue
-		}
-		if usage, err = Usage(p); err != nil {
-			return 0, 0, false, err
-		}
-		l, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil || l >= 1<<62 { // "max", or v1's unlimited
-			return 0, usage, false, nil
-		}
-		return l, usage, true, nil
+	if usage, err = parseBytes(usageFile, u); err != nil {
+		return 0, 0, false, err
 	}
-	return 0, 0, false, fmt.Errorf("no memory limit for cgroup %s: %w", p, errdefs.ErrNotFound)
+	l, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || l >= 1<<62 { // "max", or v1's unlimited
+		return 0, usage, false, nil
+	}
+	return l, usage, true, nil
 }
 
 // Stat returns cgroup p's memory.stat (bytes and counters by key, e.g.
 // "anon" and "shmem" on v2, "rss" and "shmem" on v1).
 func Stat(p string) (map[string]int64, error) {
-	ds, err := dirs(p)
+	_, b, err := read(p, func([2]string) string { return "memory.stat" })
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("no memory.stat: %w", err)
 	}
-	for _, d := range ds {
-		b, err := os.ReadFile(filepath.Join(d[0], "memory.stat"))
-		if err != nil {
+	out := map[string]int64{}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, " ")
+		if !ok {
 			continue
 		}
-		out := map[string]int64{}
-		for _, l := range strings.Split(string(b), "\n") {
-			k, v, ok := strings.Cut(l, " ")
-			if !ok {
-				continue
-			}
-			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-				out[k] = n
-			}
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+			out[k] = n
 		}
-		return out, nil
 	}
-	return nil, fmt.Errorf("no memory.stat for cgroup %s: %w", p, errdefs.ErrNotFound)
+	return out, nil
 }
 
 // hasOption reports whether comma-separated opts holds opt (a v1 hierarchy's

@@ -46,7 +46,7 @@ func TestLimit(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	ds, err := dirs(self)
+	ds, err := dirs(self, false)
 	if err != nil || len(ds) == 0 {
 		t.Skipf("no memory cgroup: %v", err)
 	}
@@ -69,5 +69,26 @@ func TestLimit(t *testing.T) {
 	l, u, ok, err := Limit(p)
 	if err != nil || !ok || l != 64<<20 || u < 0 {
 		t.Fatalf("limited cgroup: limit %d usage %d ok %v err %v, want 64 MiB", l, u, ok, err)
+	}
+}
+
+// The mount table is cached; a cgroup the cached hierarchies do not hold
+// (one mounted since the table was read) is looked up in a fresh table.
+func TestStaleMountTable(t *testing.T) {
+	self, _, err := procfs.Cgroup(os.Getpid(), "memory")
+	if err != nil {
+		t.Skip(err)
+	}
+	if _, err := Usage(self); err != nil {
+		t.Skipf("no memory usage for this process's cgroup: %v", err)
+	}
+	hierarchies.Lock()
+	hierarchies.v1, hierarchies.v2 = []string{t.TempDir()}, nil
+	hierarchies.Unlock()
+	if u, err := Usage(self); err != nil || u <= 0 {
+		t.Fatalf("usage of %s with a stale mount table: %d, %v", self, u, err)
+	}
+	if _, err := Stat(self); err != nil {
+		t.Fatalf("memory.stat of %s: %v", self, err)
 	}
 }
