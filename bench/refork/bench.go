@@ -102,7 +102,7 @@ type bench struct {
 }
 
 func newBench(bin string, cfg config) (_ *bench, retErr error) {
-	b := &bench{cfg: cfg, r: &results{plain: map[int][]plainRun{}}}
+	b := &bench{cfg: cfg, r: &results{plain: map[int][]plainRun{}, first: map[int][]time.Duration{}}}
 	defer func() {
 		if retErr != nil {
 			b.close()
@@ -187,9 +187,11 @@ func (b *bench) cgroupPath(ctx context.Context, ctr containerd.Container) (strin
 	return spec.Linux.CgroupsPath, nil
 }
 
-// plain times runs leave-running checkpoints of an identical container under
-// runc (pause -> checkpoint -> resume, as bench/fork's plain side), into a tmpfs
-// like LazyFork's snapshots.
+// plain times leave-running checkpoints of an identical container under
+// runc (pause -> checkpoint -> resume, as bench/fork's plain side), into a
+// tmpfs like LazyFork's snapshots, alternating with first snapshots of fresh
+// LazyFork parents (firstSnapshot): the two are compared in one stretch of
+// the run, sample for sample, not one run against a median taken earlier.
 func (b *bench) plain(ctx context.Context, heapMiB int) error {
 	ctx = b.h.Context(ctx)
 	parent, err := b.start(ctx, b.id(fmt.Sprintf("pl%d", heapMiB)), harness.RuncRuntime, heapMiB, "spread", nil)
@@ -199,24 +201,59 @@ func (b *bench) plain(ctx context.Context, heapMiB int) error {
 	if err != nil {
 		return err
 	}
-	for i := 0; i < b.cfg.plainRuns; i++ {
-		dir, err := os.MkdirTemp(b.plainDir, "ckpt-")
-		if err != nil {
-			return err
-		}
-		paused, err := ctrbench.PausedCheckpoint(ctx, b.h.Client(), parent, dir)
-		if err != nil {
+	for i := 0; i < max(b.cfg.plainRuns, b.cfg.firstRuns); i++ {
+		if i < b.cfg.plainRuns {
+			dir, err := os.MkdirTemp(b.plainDir, "ckpt-")
+			if err != nil {
+				return err
+			}
+			paused, err := ctrbench.PausedCheckpoint(ctx, b.h.Client(), parent, dir)
+			if err != nil {
+				os.RemoveAll(dir)
+				return err
+			}
+			total, _, _ := ctrbench.ImageSize(dir)
 			os.RemoveAll(dir)
-			return err
+			b.r.plain[heapMiB] = append(b.r.plain[heapMiB], plainRun{paused, total})
+			if _, err := workloads.Write(ctx, parent.Task, parent.Log); err != nil {
+				return err
+			}
 		}
-		total, _, _ := ctrbench.ImageSize(dir)
-		os.RemoveAll(dir)
-		b.r.plain[heapMiB] = append(b.r.plain[heapMiB], plainRun{paused, total})
-		if _, err := workloads.Write(ctx, parent.Task, parent.Log); err != nil {
-			return err
+		if i < b.cfg.firstRuns {
+			paused, err := b.firstSnapshot(ctx, heapMiB, i)
+			if err != nil {
+				return fmt.Errorf("first snapshot %d: %w", i+1, err)
+			}
+			b.r.first[heapMiB] = append(b.r.first[heapMiB], paused)
 		}
 	}
 	return nil
+}
+
+// firstSnapshot starts a fresh LazyFork parent, forks it once (its first
+// snapshot: the move onto its memory file and a dump) and removes it all,
+// returning the parent's pause.
+func (b *bench) firstSnapshot(ctx context.Context, heapMiB, i int) (time.Duration, error) {
+	parent, err := b.start(ctx, b.id(fmt.Sprintf("first%d-%d", heapMiB, i)), lazyforkRuntime, heapMiB, pattern(modeMoveRun), nil)
+	made := []containerd.Container{}
+	defer func() { b.remove(context.WithoutCancel(ctx), made...) }()
+	if parent != nil {
+		made = append(made, parent.Container)
+	}
+	if err != nil {
+		return 0, err
+	}
+	res, err := b.lf.Fork(ctx, parent.ID, 1, b.logIO())
+	if res != nil {
+		for _, f := range res.Forks {
+			made = append(made, f.Container)
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	fmt.Fprintf(os.Stderr, "  first snapshot %d: paused %7.1f ms\n", i+1, res.Paused.Seconds()*1000)
+	return res.Paused, nil
 }
 
 // series runs cfg.calls successive one-fork calls on one parent in mode, the

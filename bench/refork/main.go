@@ -44,6 +44,7 @@ func main() {
 	totalHeaps := flag.String("total-heaps", "256", "heap sizes (MiB) for which parent + -total-forks forks are summed; \"\" for none")
 	totalForks := flag.Int("total-forks", 100, "forks made at once for the totals")
 	plainRuns := flag.Int("plain-runs", 3, "plain runc checkpoints per heap size (median reported)")
+	firstRuns := flag.Int("first-runs", 3, "first snapshots of fresh parents per heap size, alternating with the plain checkpoints (besides each series' call 1)")
 	keepForks := flag.Bool("keep-forks", false, "keep each call's fork running until the parent's configuration ends (off-mode forks each hold a whole heap file)")
 	modeList := flag.String("modes", strings.Join(modes, ","), "series to run per heap size")
 	out := flag.String("out", "", "results directory (default: bench/results in the source tree)")
@@ -52,7 +53,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-refork:", err)
 		os.Exit(2)
 	}
-	cfg := config{calls: *calls, writePages: *writeKiB / 4, totalForks: *totalForks, plainRuns: *plainRuns, keepForks: *keepForks}
+	cfg := config{calls: *calls, writePages: *writeKiB / 4, totalForks: *totalForks, plainRuns: *plainRuns, firstRuns: *firstRuns, keepForks: *keepForks}
 	var err error
 	if cfg.heaps, err = sizes(*heaps); err == nil {
 		cfg.totalHeaps, err = sizes(*totalHeaps)
@@ -72,6 +73,7 @@ type config struct {
 	writePages        int
 	totalForks        int
 	plainRuns         int
+	firstRuns         int
 	keepForks         bool
 }
 
@@ -139,7 +141,7 @@ func run(cfg config, outDir string) error {
 	ctx := context.Background()
 	load0 := loadavg()
 	for _, h := range cfg.heaps {
-		fmt.Fprintf(os.Stderr, "bench-refork: heap %d MiB: plain runc checkpoint\n", h)
+		fmt.Fprintf(os.Stderr, "bench-refork: heap %d MiB: plain runc checkpoints, first snapshots of fresh parents\n", h)
 		if err := b.plain(ctx, h); err != nil {
 			return fmt.Errorf("plain, %d MiB: %w", h, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/lazyfork/lazyfork/bench/internal/report"
@@ -70,6 +71,7 @@ func (t total) dedup() int64 {
 type results struct {
 	calls  []call
 	plain  map[int][]plainRun
+	first  map[int][]time.Duration // first snapshots of fresh parents (bench.firstSnapshot)
 	totals []total
 }
 
@@ -251,8 +253,26 @@ func (r *results) targetsOf(w io.Writer, cfg config, mode string) {
 		check(fmt.Sprintf("%d MiB: parent's own memory (RssAnon) after its first fork <= 5 MB", h), c1.parent.rssAnon <= 5e6,
 			fmt.Sprintf("%s MB (cgroup %s MB, of which shmem %s MB)", mb(c1.parent.rssAnon), mb(c1.parent.cgroup), mb(c1.parent.shmem)))
 		if pl, _ := r.plainMedian(h); pl > 0 {
-			check(fmt.Sprintf("%d MiB: first snapshot pause <= 1.0x plain runc dump", h), c1.paused <= pl,
-				fmt.Sprintf("%s ms vs %s ms (%.2fx)", ms(c1.paused), ms(pl), c1.paused.Seconds()/pl.Seconds()))
+			// Every first snapshot of the size: the fresh parents' and the
+			// series' call 1s; the median is held to the target, the worst
+			// shown beside it.
+			fs := append([]time.Duration{}, r.first[h]...)
+			for _, m := range modes {
+				if m == modeOff {
+					continue
+				}
+				if c, ok := first(r.series(h, m)); ok {
+					fs = append(fs, c.paused)
+				}
+			}
+			med, worst := report.Median(fs), report.Max(fs)
+			pls := make([]string, 0, len(r.plain[h]))
+			for _, p := range r.plain[h] {
+				pls = append(pls, ms(p.paused))
+			}
+			check(fmt.Sprintf("%d MiB: first snapshot pause <= 1.0x plain runc dump (medians)", h), med <= pl,
+				fmt.Sprintf("%s ms vs %s ms (%.2fx); worst first snapshot %s ms (%.2fx) of %d; plain runs %s ms", ms(med), ms(pl), med.Seconds()/pl.Seconds(),
+					ms(worst), worst.Seconds()/pl.Seconds(), len(fs), strings.Join(pls, ", ")))
 		}
 	}
 	lo, hi := hs[0], hs[len(hs)-1]
