@@ -26,12 +26,21 @@ const (
 	annotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
 )
 
+// FailPodSnapshotMade is the failpoint (LAZYFORK_FAILPOINT) of SnapshotForPod
+// once its snapshot is made, before it returns it to its caller.
+const FailPodSnapshotMade = "pod-snapshot-made"
+
 // SnapshotForPod serves a fork whose api.AnnotationForkOf names a running
 // container: ref is its id, or NAMESPACE/POD/CONTAINER as Kubernetes names
 // it, in the context's containerd namespace. For a fork in a pod of
 // Kubernetes namespace podNS (podNS != ""), the parent must be in the same
 // Kubernetes namespace and have opted in (api.AnnotationForkable=true),
-// which is checked before anything is paused. The rest is SnapshotForRootfs.
+// which is checked before anything is paused. The rest is SnapshotForRootfs,
+// except that the snapshot directory keeps its operation marker: the caller
+// (the fork's shim) claims it with node.KeepSnapshot once it recorded the
+// directory as its container's, and until then it is an orphan to lazyfork
+// gc (older than OrphanAge, no live operation). So a caller, or this
+// process, that dies before the claim leaves nothing that GC does not take.
 func (c *Client) SnapshotForPod(ctx context.Context, ref, upper, podNS string) (imageDir string, err error) {
 	id, err := c.runningContainer(ctx, ref)
 	if err != nil {
@@ -42,7 +51,7 @@ func (c *Client) SnapshotForPod(ctx context.Context, ref, upper, podNS string) (
 			return "", err
 		}
 	}
-	return c.SnapshotForRootfs(ctx, id, upper)
+	return c.snapshotForRootfs(ctx, id, upper, true)
 }
 
 // podMayFork checks that a pod of Kubernetes namespace podNS may fork
@@ -109,10 +118,16 @@ func (c *Client) runningContainer(ctx context.Context, ref string) (string, erro
 // the snapshot's image directory. The snapshot no longer needs the parent's
 // layer; it keeps its own memory-file reference until RemoveSnapshot.
 func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (imageDir string, retErr error) {
+	return c.snapshotForRootfs(ctx, id, upper, false)
+}
+
+// snapshotForRootfs is SnapshotForRootfs; claimable leaves the snapshot
+// unclaimed (see SnapshotForPod).
+func (c *Client) snapshotForRootfs(ctx context.Context, id, upper string, claimable bool) (imageDir string, retErr error) {
 	if st, err := os.Stat(upper); err != nil || !st.IsDir() {
 		return "", fmt.Errorf("the fork's upper directory %s: %w", upper, errdefs.ErrInvalidArgument)
 	}
-	res, err := c.Checkpoint(ctx, id)
+	res, err := c.fork(ctx, id, 0, KeepSnapshot(), func(cfg *forkConfig) { cfg.claimable = claimable })
 	if err != nil {
 		return "", err
 	}
@@ -140,7 +155,17 @@ func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (image
 	if rfs.Frozen != "" {
 		c.releaseFrozen(ctx, rfs.Frozen)
 	}
-	return imageDir, c.node.ReleaseRootfs(ctx, snapDir)
+	// Removing the record also renews the directory's time, from which an
+	// unclaimed snapshot's OrphanAge counts.
+	if err := c.node.ReleaseRootfs(ctx, snapDir); err != nil {
+		return "", err
+	}
+	if claimable {
+		if err := failpoint(ctx, FailPodSnapshotMade); err != nil {
+			return "", err
+		}
+	}
+	return imageDir, nil
 }
 
 // CopySnapshotLayer copies the parent's writable layer that the snapshot at
