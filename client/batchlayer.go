@@ -139,10 +139,22 @@ func (c *Client) batchLayerDir(ctx context.Context, info containers.Container) (
 // where a whiteout, an opaque directory or a non-directory of upper replaces
 // whatever lower had at its path.
 func copyLayers(dst, lower, upper string) error {
-	if lower == "" {
-		return copyLayer(dst, upper)
+	if lower != "" {
+		if err := copyLayer(dst, lower); err != nil {
+			return err
+		}
 	}
-	if err := copyLayer(dst, lower); err != nil {
+	return mergeLayer(dst, upper)
+}
+
+// mergeLayer copies the overlay layer upper over the layer in dst (made by
+// copyLayer or mergeLayer; absent or empty for none), so that dst holds the
+// two as one layer: upper's whiteouts, opaque directories and non-directories
+// replace whatever dst had at their paths, and directories merge.
+func mergeLayer(dst, upper string) error {
+	if empty, err := dirEmpty(dst); errors.Is(err, os.ErrNotExist) || err == nil && empty {
+		return copyLayer(dst, upper)
+	} else if err != nil {
 		return err
 	}
 	err := filepath.WalkDir(upper, func(p string, d os.DirEntry, err error) error {
@@ -176,7 +188,7 @@ func copyLayers(dst, lower, upper string) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("merge %s over %s: %w", upper, lower, err)
+		return fmt.Errorf("merge %s over %s: %w", upper, dst, err)
 	}
 	// Whatever upper has is now absent from dst or a directory to merge into.
 	return copyLayer(dst, upper)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	metadata "github.com/checkpoint-restore/checkpointctl/lib"
@@ -324,19 +325,39 @@ func (c *Client) onNode(op string) error {
 }
 
 // writeRootfsDiff writes the writable layer the snapshot recorded (its copy
-// of the upper directory, or its frozen layer) as an OCI layer tar, overlay
-// whiteouts as .wh. entries. A snapshot without a record (taken by ctr or
+// of the upper directory, or its frozen layer merged with the frozen layers
+// it stacks on) as an OCI layer tar, overlay whiteouts as .wh. entries. A snapshot without a record (taken by ctr or
 // CRI) gives the container's current writable layer.
 func (c *Client) writeRootfsDiff(ctx context.Context, snapDir string, info containers.Container, path string) error {
 	rfs := &api.RootfsRecord{}
 	if snap, err := c.node.Snapshot(ctx, api.ImageDir(snapDir)); err == nil && snap.Rootfs != nil {
 		rfs = snap.Rootfs
 	}
-	layer, release, err := c.recordedLayer(ctx, rfs)
+	layers, release, err := c.recordedLayers(ctx, rfs)
 	if err != nil {
 		return err
 	}
 	defer release()
+	layer := ""
+	switch len(layers) {
+	case 0:
+	case 1:
+		layer = layers[0]
+	default:
+		// Frozen layers on frozen layers (a fork of a fork): one layer, as
+		// the fork saw them.
+		merged, err := os.MkdirTemp(filepath.Dir(path), ".layer-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(merged)
+		for _, l := range layers {
+			if err := mergeLayer(merged, l); err != nil {
+				return err
+			}
+		}
+		layer = merged
+	}
 	if layer == "" && info.SnapshotKey != "" {
 		if layer, err = c.upperDir(ctx, info.Snapshotter, info.SnapshotKey); err != nil {
 			return err
@@ -373,7 +394,8 @@ func overlayChanges(upper string, fn cfs.ChangeFunc) error {
 		}
 		name := "/" + rel
 		if fi.Mode()&os.ModeCharDevice != 0 {
-			if st, ok := fi.Sys().(*unix.Stat_t); ok && st.Rdev == 0 {
+			// filepath.Walk's Lstat gives syscall's Stat_t (not unix's).
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Rdev == 0 {
 				return fn(cfs.ChangeKindDelete, name, nil, nil)
 			}
 		}

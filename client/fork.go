@@ -46,7 +46,11 @@ type forkConfig struct {
 	io           func(id string) cio.Creator
 	ioGiven      bool // io is the caller's (WithIO), not the default
 	keepSnapshot bool
-	labels       map[string]string
+	// claimable keeps the snapshot with its operation marker: lazyfork gc
+	// removes it as an orphan unless its owner claims it (node
+	// KeepSnapshot) once the owner recorded it (SnapshotForPod).
+	claimable bool
+	labels    map[string]string
 	// stayPaused leaves a parent this call paused frozen after a successful
 	// snapshot (Stop ends it without letting it run past the snapshot).
 	stayPaused     bool
@@ -351,7 +355,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 
 	// Success: the forks and a kept snapshot are owned by their containers
 	// (and the caller) now; the record stops naming them before the lease goes.
-	if cfg.keepSnapshot {
+	if cfg.keepSnapshot && !cfg.claimable {
 		if err := c.node.KeepSnapshot(ctx, snapDir); err != nil {
 			return nil, fmt.Errorf("fork %s: %w", parentID, err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/lazyfork/lazyfork/api"
+	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
 // CRI's labels on a pod's containers (set by kubelet), and CRI's own
@@ -25,12 +26,21 @@ const (
 	annotationSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
 )
 
+// FailPodSnapshotMade is the failpoint (LAZYFORK_FAILPOINT) of SnapshotForPod
+// once its snapshot is made, before it returns it to its caller.
+const FailPodSnapshotMade = "pod-snapshot-made"
+
 // SnapshotForPod serves a fork whose api.AnnotationForkOf names a running
 // container: ref is its id, or NAMESPACE/POD/CONTAINER as Kubernetes names
 // it, in the context's containerd namespace. For a fork in a pod of
 // Kubernetes namespace podNS (podNS != ""), the parent must be in the same
 // Kubernetes namespace and have opted in (api.AnnotationForkable=true),
-// which is checked before anything is paused. The rest is SnapshotForRootfs.
+// which is checked before anything is paused. The rest is SnapshotForRootfs,
+// except that the snapshot directory keeps its operation marker: the caller
+// (the fork's shim) claims it with node.KeepSnapshot once it recorded the
+// directory as its container's, and until then it is an orphan to lazyfork
+// gc (older than OrphanAge, no live operation). So a caller, or this
+// process, that dies before the claim leaves nothing that GC does not take.
 func (c *Client) SnapshotForPod(ctx context.Context, ref, upper, podNS string) (imageDir string, err error) {
 	id, err := c.runningContainer(ctx, ref)
 	if err != nil {
@@ -41,7 +51,7 @@ func (c *Client) SnapshotForPod(ctx context.Context, ref, upper, podNS string) (
 			return "", err
 		}
 	}
-	return c.SnapshotForRootfs(ctx, id, upper)
+	return c.snapshotForRootfs(ctx, id, upper, true)
 }
 
 // podMayFork checks that a pod of Kubernetes namespace podNS may fork
@@ -108,10 +118,16 @@ func (c *Client) runningContainer(ctx context.Context, ref string) (string, erro
 // the snapshot's image directory. The snapshot no longer needs the parent's
 // layer; it keeps its own memory-file reference until RemoveSnapshot.
 func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (imageDir string, retErr error) {
+	return c.snapshotForRootfs(ctx, id, upper, false)
+}
+
+// snapshotForRootfs is SnapshotForRootfs; claimable leaves the snapshot
+// unclaimed (see SnapshotForPod).
+func (c *Client) snapshotForRootfs(ctx context.Context, id, upper string, claimable bool) (imageDir string, retErr error) {
 	if st, err := os.Stat(upper); err != nil || !st.IsDir() {
 		return "", fmt.Errorf("the fork's upper directory %s: %w", upper, errdefs.ErrInvalidArgument)
 	}
-	res, err := c.Checkpoint(ctx, id)
+	res, err := c.fork(ctx, id, 0, KeepSnapshot(), func(cfg *forkConfig) { cfg.claimable = claimable })
 	if err != nil {
 		return "", err
 	}
@@ -139,13 +155,24 @@ func (c *Client) SnapshotForRootfs(ctx context.Context, id, upper string) (image
 	if rfs.Frozen != "" {
 		c.releaseFrozen(ctx, rfs.Frozen)
 	}
-	return imageDir, c.node.ReleaseRootfs(ctx, snapDir)
+	// Removing the record also renews the directory's time, from which an
+	// unclaimed snapshot's OrphanAge counts.
+	if err := c.node.ReleaseRootfs(ctx, snapDir); err != nil {
+		return "", err
+	}
+	if claimable {
+		if err := failpoint(ctx, FailPodSnapshotMade); err != nil {
+			return "", err
+		}
+	}
+	return imageDir, nil
 }
 
 // CopySnapshotLayer copies the parent's writable layer that the snapshot at
-// imageDir recorded (its upper copy, or its frozen layer's own directory)
-// into upper, the upper directory of a fork's root filesystem made
-// elsewhere (a pod's). The snapshot keeps its layer for other forks.
+// imageDir recorded (its upper copy, or its frozen layer with the frozen
+// layers it stacks on, as one layer) into upper, the upper directory of a
+// fork's root filesystem made elsewhere (a pod's). The snapshot keeps its
+// layer for other forks.
 func (c *Client) CopySnapshotLayer(ctx context.Context, imageDir, upper string) error {
 	if st, err := os.Stat(upper); err != nil || !st.IsDir() {
 		return fmt.Errorf("the fork's upper directory %s: %w", upper, errdefs.ErrInvalidArgument)
@@ -161,43 +188,88 @@ func (c *Client) CopySnapshotLayer(ctx context.Context, imageDir, upper string) 
 	if rfs.Frozen != "" && rfs.Snapshotter == "" {
 		return fmt.Errorf("snapshot %s does not record where its frozen layer %s is (taken by an older LazyFork): %w", imageDir, rfs.Frozen, errdefs.ErrNotImplemented)
 	}
-	layer, release, err := c.recordedLayer(ctx, rfs)
+	layers, release, err := c.recordedLayers(ctx, rfs)
 	if err != nil {
 		return err
 	}
 	defer release()
-	if err := copyLayer(upper, layer); err != nil {
-		return fmt.Errorf("copy the snapshot's writable layer into the fork's: %w", err)
+	for _, l := range layers {
+		if err := mergeLayer(upper, l); err != nil {
+			return fmt.Errorf("copy the snapshot's writable layer into the fork's: %w", err)
+		}
 	}
 	return nil
 }
 
-// recordedLayer is the directory holding the writable layer a snapshot's
-// rootfs record names: its copy of the upper directory, or a read-only view of
-// its frozen layer (release removes the view).
-func (c *Client) recordedLayer(ctx context.Context, rfs *api.RootfsRecord) (layer string, release func(), err error) {
+// recordedLayers are the directories holding the writable layer a
+// snapshot's rootfs record names, bottom first: its copy of the upper
+// directory, or, from a read-only view of its frozen layer (release removes
+// the view), that layer's directory and those of the frozen layers it stacks
+// on. A fork of a fork on LazyFork's snapshotter stacks on its parent's
+// frozen layer, so its own frozen layer holds only what it wrote: the files
+// its parent (and theirs) wrote before are in the layers below, down to the
+// first that is no frozen layer (the image's).
+func (c *Client) recordedLayers(ctx context.Context, rfs *api.RootfsRecord) (layers []string, release func(), err error) {
 	if rfs.Frozen == "" {
-		return rfs.UpperCopy, func() {}, nil
+		if rfs.UpperCopy == "" {
+			return nil, func() {}, nil
+		}
+		return []string{rfs.UpperCopy}, func() {}, nil
 	}
 	if rfs.Namespace != "" {
 		ctx = namespaces.WithNamespace(ctx, rfs.Namespace)
 	}
 	sn := c.cd.SnapshotService(rfs.Snapshotter)
+	n := 0
+	for key := rfs.Frozen; key != ""; n++ {
+		info, err := sn.Stat(ctx, key)
+		if err != nil {
+			return nil, nil, fmt.Errorf("frozen layer %s: %w", key, err)
+		}
+		if _, ok := info.Labels[snapclient.FrozenFromLabel]; !ok && key != rfs.Frozen {
+			break
+		}
+		key = info.Parent
+	}
 	view := "lazyfork-view-" + randomHex(6)
 	mounts, err := sn.View(ctx, view, rfs.Frozen)
 	if err != nil {
-		return "", nil, fmt.Errorf("view frozen layer %s: %w", rfs.Frozen, err)
+		return nil, nil, fmt.Errorf("view frozen layer %s: %w", rfs.Frozen, err)
 	}
 	release = func() {
 		if err := sn.Remove(context.WithoutCancel(ctx), view); err != nil && !errdefs.IsNotFound(err) {
 			log.G(ctx).WithError(err).WithField("view", view).Warn("lazyfork: remove view")
 		}
 	}
-	if layer, err = topLayer(mounts); err != nil {
-		release()
-		return "", nil, fmt.Errorf("frozen layer %s: %w", rfs.Frozen, err)
+	dirs, err := viewLayers(mounts)
+	if err == nil && len(dirs) < n {
+		err = fmt.Errorf("view mounts %v show %d layers, fewer than the %d frozen layers: %w", mounts, len(dirs), n, errdefs.ErrFailedPrecondition)
 	}
-	return layer, release, nil
+	if err != nil {
+		release()
+		return nil, nil, fmt.Errorf("frozen layer %s: %w", rfs.Frozen, err)
+	}
+	for i := n - 1; i >= 0; i-- {
+		layers = append(layers, dirs[i])
+	}
+	return layers, release, nil
+}
+
+// viewLayers are the directories of a read-only view's layers, top first:
+// an overlay's lowerdirs, or the source of a single bind mount.
+func viewLayers(mounts []mount.Mount) ([]string, error) {
+	if len(mounts) == 1 {
+		m := mounts[0]
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+				return strings.Split(v, ":"), nil
+			}
+		}
+		if m.Type == "bind" || m.Type == "rbind" {
+			return []string{m.Source}, nil
+		}
+	}
+	return nil, fmt.Errorf("view mounts %v have no layer directory: %w", mounts, errdefs.ErrNotImplemented)
 }
 
 // topLayer is the directory of the topmost layer of a read-only view: the

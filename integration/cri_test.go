@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/integration/workloads"
 	"github.com/lazyfork/lazyfork/memfile"
@@ -238,6 +240,7 @@ func TestCRICheckpointForkPod(t *testing.T) {
 	}
 	// The fork's filesystem is its parent's (the archive's rootfs-diff.tar).
 	c.checkParentLayer(t, ctx, fork)
+	c.gcKeepsClaimed(t, ctx, snapshots)
 	// The fork is a real pod: listed, stopped and removed like any other.
 	l, err := c.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: forkPod.id}})
 	if err != nil || len(l.Containers) != 1 || l.Containers[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING {
@@ -252,6 +255,27 @@ func TestCRICheckpointForkPod(t *testing.T) {
 		t.Fatalf("parent stopped after the fork's pod was removed: %v", err)
 	}
 	c.stopRemove(t, ctx, parentPod)
+}
+
+// gcKeepsClaimed checks that the snapshot directory of the one running pod
+// fork, in snapshots, is its container's: lazyfork gc leaves it however old
+// (the shim claimed it), as it would take an unclaimed one.
+func (c *criEnv) gcKeepsClaimed(t *testing.T, ctx context.Context, snapshots string) {
+	t.Helper()
+	ents, err := os.ReadDir(snapshots)
+	if err != nil || len(ents) != 1 {
+		t.Fatalf("snapshot directories of the fork: %v %v, want one", ents, err)
+	}
+	dir := filepath.Join(snapshots, ents[0].Name())
+	old := time.Now().Add(-2 * lfclient.OrphanAge)
+	if err := os.Chtimes(dir, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := c.lfClient().GC(ctx, false); err != nil {
+		t.Errorf("lazyfork gc: %v", err)
+	} else if _, err := os.Stat(dir); err != nil {
+		t.Errorf("lazyfork gc removed the running fork's snapshot %s (%v): %v", dir, rep.Removed, err)
+	}
 }
 
 // forkableAnn is a parent pod's opt-in to forks by pods of its namespace.
@@ -413,6 +437,7 @@ func TestCRIForkOfRunningContainer(t *testing.T) {
 			t.Fatalf("fork-of %s started afresh: %q", ref, lines[0])
 		}
 		c.checkParentLayer(t, ctx, fork)
+		c.gcKeepsClaimed(t, ctx, snapshots)
 		st, err := c.rt.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: fork})
 		if err != nil {
 			t.Fatal(err)

@@ -87,6 +87,11 @@ func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr
 			_ = os.RemoveAll(top)
 		}
 	}()
+	// Unclaimed until the container's state records it (claimSnapshot):
+	// lazyfork gc takes it if this shim dies before.
+	if err := markUnclaimed(top); err != nil {
+		return "", "", err
+	}
 	image := api.ImageDir(top)
 	if err := os.Mkdir(image, 0o700); err != nil {
 		return "", "", err
@@ -199,7 +204,8 @@ func applyRootfsDiff(ctx context.Context, archivePath string, rootfs []mount.Mou
 // checkpoint` does and copies the parent's writable layer into the fork's
 // upper directory (client.SnapshotForPod there): the shim links no
 // containerd client. The snapshot's directory under ROOT/snapshots belongs
-// to the fork (unpacked) and goes with it; the parent keeps running. The
+// to the fork (unpacked) and goes with it, once claimed (claimSnapshot;
+// until then lazyfork gc takes it); the parent keeps running. The
 // lookup is in the fork's containerd namespace only; for a fork in a pod
 // (podNS != "") the parent must be in the same Kubernetes namespace and
 // opted in, which is checked before anything is paused, and

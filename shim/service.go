@@ -318,6 +318,10 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	if err := writeState(r.Bundle, &c.state); err != nil {
 		return nil, err
 	}
+	// Recorded as this container's: from here on its release removes it.
+	if err := claimSnapshot(s.cfg, c.state.Unpacked); err != nil {
+		return nil, err
+	}
 	log.G(ctx).WithFields(log.Fields{"id": r.ID, "family": c.state.Family, "snapshot": c.state.Snapshot}).Debug("lazyfork: container prepared")
 	return c, nil
 }

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/node"
 )
 
 // Who may fork whom (docs/security.md):
@@ -123,6 +125,37 @@ func (c Config) checkForkOfPath(ref string) error {
 	}
 	return fmt.Errorf("annotation %s=%q: a checkpoint archive must be in one of %v (the shim's LAZYFORK_ARCHIVE_DIRS): %w",
 		api.AnnotationForkOf, ref, c.ArchiveDirs, errdefs.ErrPermissionDenied)
+}
+
+// A snapshot directory a fork-of makes for its container (an archive
+// unpacked, or a snapshot of a running container made by the node API's
+// SnapshotForPod) is born unclaimed: it holds an operation marker
+// (node.OpMarker) that no journal record names, so lazyfork gc removes it,
+// and its reference on the family's memory files, once it is older than
+// client.OrphanAge. The shim claims it (removes the marker) only after the
+// container's state records it, from when the container's release removes
+// it. A shim or lazyfork-snapshotter that dies in between leaves GC's work,
+// never an owner-less snapshot.
+
+// unclaimedOp is what markUnclaimed's marker names: an operation that has
+// no record, so never a live one.
+const unclaimedOp = "fork-of-unclaimed"
+
+// markUnclaimed marks snapshot directory dir unclaimed.
+func markUnclaimed(dir string) error {
+	return os.WriteFile(filepath.Join(dir, node.OpMarker), []byte(unclaimedOp+"\n"), 0o600)
+}
+
+// claimSnapshot claims the fork-of snapshot directory dir ("" for none) for
+// the container whose state records it.
+func claimSnapshot(cfg Config, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := node.NewLocal(cfg.Root).KeepSnapshot(context.Background(), dir); err != nil {
+		return fmt.Errorf("claim fork-of snapshot %s: %w", dir, err)
+	}
+	return nil
 }
 
 // within reports whether path lies strictly inside dir (both clean, absolute).

@@ -33,9 +33,10 @@ type Server struct {
 
 var _ node.ForkOf = (*Server)(nil)
 
-// SnapshotForPod is client.SnapshotForPod in r's containerd namespace. A call
+// SnapshotForPod is client.SnapshotForPod in r's containerd namespace: the
+// snapshot is unclaimed (lazyfork gc's) until the caller claims it. A call
 // whose caller went away (its context ended) once the snapshot is made
-// removes it again: nobody would own it.
+// removes it at once: nobody will claim it.
 func (s *Server) SnapshotForPod(ctx context.Context, r node.PodSnapshot) (imageDir string, err error) {
 	if err := s.check(r.ForkOfContext, r.Upper); err != nil {
 		return "", err
