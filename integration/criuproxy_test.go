@@ -10,6 +10,7 @@ import (
 
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/internal/criuproxy"
 )
 
 // criuSpy is a directory holding a `criu` that logs each run's arguments and
@@ -32,6 +33,22 @@ func newCriuSpy(t *testing.T) *criuSpy {
 	if err := os.WriteFile(filepath.Join(dir, "criu"), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The shims keep the spy's version answer in the host's cache directory
+	// (/dev/shm/lazyfork-criu, or the one /run/lazyfork-criu.dir records):
+	// removed with the spy (runs before the temporary directory goes).
+	t.Cleanup(func() {
+		name, err := criuproxy.CacheName(filepath.Join(dir, "criu"), criuproxy.VersionSuffix)
+		if err != nil {
+			return
+		}
+		dirs := []string{"/dev/shm/lazyfork-criu"}
+		if b, err := os.ReadFile("/run/lazyfork-criu.dir"); err == nil {
+			dirs = append(dirs, strings.TrimSpace(string(b)))
+		}
+		for _, d := range dirs {
+			os.Remove(filepath.Join(d, name))
+		}
+	})
 	return s
 }
 
@@ -76,7 +93,9 @@ func TestForkRestoreRunsCRIUOnce(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			spy := newCriuSpy(t)
-			e := startLF(t, harness.Options{BinDirs: []string{spy.dir}, Env: c.env})
+			// LAZYFORK_CRIU_KDAT=off: the host's /run/criu.kdat is not linked to
+			// a cache of the spy (CRIU still loads what it links to).
+			e := startLF(t, harness.Options{BinDirs: []string{spy.dir}, Env: append(c.env, "LAZYFORK_CRIU_KDAT=off")})
 			if _, err := os.Stat(filepath.Join(e.Bin, "criu-proxy", "criu")); err != nil {
 				t.Fatalf("no proxy beside the shim (make build): %v", err)
 			}
