@@ -16,6 +16,9 @@ ZDTM_FLAVOR ?= h
 # The full shim before the front that runs it: an install never leaves a new
 # front beside no full shim.
 COMMANDS := containerd-shim-lazyfork-v1-full containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-memfile
+# The CRIU version proxy is installed as `criu` in a directory of its own beside
+# the shims, which the shim puts first on runc's PATH (internal/criuproxy).
+CRIU_PROXY := criu-proxy/criu
 # lazyfork --version (the go env here has -buildvcs=false: no VCS stamp in the build info)
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
@@ -33,12 +36,16 @@ help: ## this list
 build: ## build every binary into bin/
 	@mkdir -p $(BINDIR)
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BINDIR)/ $(addprefix ./cmd/,$(COMMANDS))
+	@mkdir -p $(BINDIR)/criu-proxy
+	$(GO) build -o $(BINDIR)/$(CRIU_PROXY) ./cmd/lazyfork-criu-proxy
 	ln -sf lazyfork $(BINDIR)/lfork
 
 UNITS := lazyfork-snapshotter.service containerd.service.d/lazyfork.conf
 
 install: build ## install the binaries into $(DESTDIR)$(PREFIX)/bin and the systemd units into $(DESTDIR)$(SYSTEMDDIR) (then: lazyfork setup)
 	install -d $(DESTDIR)$(PREFIX)/bin
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin/criu-proxy
+	install -m 0755 $(BINDIR)/$(CRIU_PROXY) $(DESTDIR)$(PREFIX)/bin/$(CRIU_PROXY)
 	install -m 0755 $(addprefix $(BINDIR)/,$(COMMANDS)) $(DESTDIR)$(PREFIX)/bin/
 	ln -sf lazyfork $(DESTDIR)$(PREFIX)/bin/lfork
 	install -d $(DESTDIR)$(SYSTEMDDIR)/containerd.service.d
@@ -50,7 +57,8 @@ install: build ## install the binaries into $(DESTDIR)$(PREFIX)/bin and the syst
 
 uninstall: ## remove what install put in place (run `lazyfork setup --down` first; docs/setup.md)
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl disable --now lazyfork-snapshotter.service || true; fi
-	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(COMMANDS) lfork)
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(COMMANDS) lfork $(CRIU_PROXY))
+	-rmdir $(DESTDIR)$(PREFIX)/bin/criu-proxy 2>/dev/null
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMDDIR)/,$(UNITS))
 	-rmdir $(DESTDIR)$(SYSTEMDDIR)/containerd.service.d 2>/dev/null
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
@@ -133,6 +141,8 @@ DARWIN_ARCHS := arm64 amd64
 release: ## linux/amd64 binaries and the macOS lazyfork CLI (darwin/arm64, darwin/amd64) into dist/<os>-<arch>/
 	@mkdir -p $(RELEASEDIR)/linux-amd64
 	GOOS=linux GOARCH=amd64 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(RELEASEDIR)/linux-amd64/ $(addprefix ./cmd/,$(COMMANDS))
+	@mkdir -p $(RELEASEDIR)/linux-amd64/criu-proxy
+	GOOS=linux GOARCH=amd64 $(GO) build -o $(RELEASEDIR)/linux-amd64/$(CRIU_PROXY) ./cmd/lazyfork-criu-proxy
 	for a in $(DARWIN_ARCHS); do \
 		mkdir -p $(RELEASEDIR)/darwin-$$a && \
 		CGO_ENABLED=0 GOOS=darwin GOARCH=$$a $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(RELEASEDIR)/darwin-$$a/lazyfork ./cmd/lazyfork || exit 1; \

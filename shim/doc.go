@@ -61,6 +61,25 @@
 //	LAZYFORK_RESTORE_TIMEOUT  bound of one restore (default 2m)
 //	LAZYFORK_REHOME      "on" (default) or "off": move containers onto their memory
 //	                     files at checkpoint (lazyfork.io/rehome=false opts one out)
+//	LAZYFORK_CRIU_KDAT   "off": no kernel-feature cache for CRIU where /run is not a
+//	                     tmpfs (kerndat.go)
+//	LAZYFORK_CRIU_PROXY  "off": runc's PATH is left alone, so runc runs CRIU twice per
+//	                     checkpoint and restore, the first time only for its version
+//	                     (criuproxy.go)
+//
+// # CRIU's version check
+//
+// runc asks CRIU for its version before every checkpoint and restore: a
+// whole `criu swrk` run, a CRIU start-up of 4-5 ms, before the one that does
+// the work. The shim puts criu-proxy/ (beside this binary; `make build` and
+// `make install` put the proxy, cmd/lazyfork-criu-proxy, there as `criu`)
+// first on the PATH runc inherits. The proxy answers a VERSION request with
+// the real CRIU's own answer, which the shim asked for once per CRIU binary
+// and boot and keeps beside the kernel-feature cache, and executes the real
+// CRIU (the first criu on the shim's PATH outside criu-proxy/) for anything
+// else, untouched. The proxy, its directory, the real CRIU and the cache must
+// be root-owned and writable by nobody else, or the proxy stays off (or, for
+// the cache, the real CRIU answers).
 //
 // # The madvise guard
 //

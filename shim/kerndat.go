@@ -3,9 +3,7 @@ package shim
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -18,6 +16,8 @@ import (
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/criuproxy"
 )
 
 // CRIU keeps what it learns about the kernel (its "kerndat": page-map and
@@ -71,17 +71,32 @@ type kerndat struct {
 }
 
 // ensure starts the one check of this shim and, when wait is set, waits for it
-// (a restore waits; a fresh container's create does not).
+// (a restore waits; a fresh container's create does not): CRIU's
+// kernel-feature cache and the version proxy (criuproxy.go).
 func (k *kerndat) ensure(ctx context.Context, self string, wait bool) {
 	k.once.Do(func() {
 		k.done = make(chan struct{})
 		go func() {
 			defer close(k.done)
-			if os.Getenv("LAZYFORK_CRIU_KDAT") == "off" {
+			kdat := os.Getenv("LAZYFORK_CRIU_KDAT") != "off"
+			proxy := os.Getenv(criuProxyEnv) != "off"
+			if !kdat && !proxy {
 				return
 			}
-			if err := ensureKerndatCache(self); err != nil {
-				log.G(ctx).WithError(err).Warn("lazyfork: CRIU kernel-feature cache: CRIU probes the kernel on every run")
+			criu, err := realCRIU(self)
+			if err != nil {
+				log.G(ctx).WithError(err).Warn("lazyfork: CRIU's kernel-feature cache and version proxy are off")
+				return
+			}
+			if kdat {
+				if err := ensureKerndatCache(self, criu); err != nil {
+					log.G(ctx).WithError(err).Warn("lazyfork: CRIU kernel-feature cache: CRIU probes the kernel on every run")
+				}
+			}
+			if proxy {
+				if err := setupCRIUProxy(self, criu); err != nil {
+					log.G(ctx).WithError(err).Warn("lazyfork: CRIU version proxy: runc runs CRIU twice per checkpoint and restore")
+				}
 			}
 		}()
 	})
@@ -90,25 +105,25 @@ func (k *kerndat) ensure(ctx context.Context, self string, wait bool) {
 	}
 }
 
-// ensureKerndatCache links kerndatLink to a cache in kerndatDir when the
-// link's directory is not a tmpfs (see above). self is this binary (the
-// helper that makes the cache).
-func ensureKerndatCache(self string) error {
+// ensureKerndatCache links kerndatLink to a cache of the CRIU binary criu in
+// the cache directory (criuCacheDir) when the link's directory is not a tmpfs
+// (see above). self is this binary (the helper that makes the cache).
+func ensureKerndatCache(self, criu string) error {
 	runDir := filepath.Dir(kerndatLink)
 	if tmpfs, err := isTmpfs(runDir); err != nil {
 		return err
 	} else if tmpfs {
 		return nil // CRIU keeps its own cache there
 	}
-	criu, err := exec.LookPath("criu")
-	if err != nil {
-		return err
-	}
 	name, err := kerndatName(criu)
 	if err != nil {
 		return err
 	}
-	target := filepath.Join(kerndatDir, name)
+	dir, err := criuCacheDir()
+	if err != nil {
+		return err
+	}
+	target := filepath.Join(dir, name)
 	fi, err := os.Lstat(kerndatLink)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -122,9 +137,6 @@ func ensureKerndatCache(self string) error {
 				return nil
 			}
 		}
-	}
-	if err := ensureKerndatDir(kerndatDir); err != nil {
-		return err
 	}
 	if _, err := os.Stat(target); err != nil {
 		b, err := makeKerndat(self)
@@ -148,9 +160,85 @@ func ensureKerndatCache(self string) error {
 	return nil
 }
 
+// errNotOurs marks a cache directory path someone else holds.
+var errNotOurs = errors.New("not a directory only this user can write")
+
+// kerndatDirRecord names the directory the shims use instead of kerndatDir
+// when someone else holds that path (see criuCacheDir). It lives in the
+// directory of kerndatLink, which only root can write.
+func kerndatDirRecord() string {
+	return filepath.Join(filepath.Dir(kerndatLink), "lazyfork-criu.dir")
+}
+
+// criuCacheDir is the directory of the CRIU caches: kerndatDir, made
+// root-only on the shared-memory tmpfs. /dev/shm is writable by every user
+// (sticky), so another user can make that path first; then the caches go to
+// a directory of a random name beside it, made by this user (mkdir fails on
+// a name someone else took, and in a sticky directory nobody else can rename
+// or remove it), whose path is recorded in kerndatDirRecord for the other
+// shims. Nothing another user made is followed or trusted: a squatted path
+// costs one more directory, not the caches.
+func criuCacheDir() (string, error) {
+	err := ensureKerndatDir(kerndatDir)
+	if err == nil {
+		return kerndatDir, nil
+	}
+	if !errors.Is(err, errNotOurs) {
+		return "", err
+	}
+	if dir, err := recordedCacheDir(); err == nil {
+		return dir, nil
+	}
+	dir, err := os.MkdirTemp(filepath.Dir(kerndatDir), filepath.Base(kerndatDir)+"-")
+	if err != nil {
+		return "", fmt.Errorf("%s is someone else's, and no directory beside it: %w", kerndatDir, err)
+	}
+	if err := ensureKerndatDir(dir); err != nil {
+		return "", err
+	}
+	if err := checkOwnDir(filepath.Dir(kerndatDirRecord()), false); err != nil {
+		return "", fmt.Errorf("record the CRIU cache directory %s: %w", dir, err)
+	}
+	if err := writeFileAtomic(kerndatDirRecord(), []byte(dir+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("record the CRIU cache directory %s: %w", dir, err)
+	}
+	return dir, nil
+}
+
+// recordedCacheDir is the directory kerndatDirRecord names, if the record is
+// this user's (in a directory only this user can write) and names a
+// directory beside kerndatDir that only this user can write.
+func recordedCacheDir() (string, error) {
+	rec := kerndatDirRecord()
+	if err := checkOwnDir(filepath.Dir(rec), false); err != nil {
+		return "", err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(rec, &st); err != nil {
+		return "", err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+		return "", fmt.Errorf("%s: not a file only this user can write", rec)
+	}
+	b, err := os.ReadFile(rec)
+	if err != nil {
+		return "", err
+	}
+	dir := strings.TrimSpace(string(b))
+	if filepath.Clean(dir) != dir || filepath.Dir(dir) != filepath.Dir(kerndatDir) ||
+		!strings.HasPrefix(filepath.Base(dir), filepath.Base(kerndatDir)+"-") {
+		return "", fmt.Errorf("%s names %q, not a directory beside %s", rec, dir, kerndatDir)
+	}
+	if err := checkOwnDir(dir, true); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
 // ensureKerndatDir makes dir (root-only, on a tmpfs) or checks that the one
 // there is such: CRIU trusts what it reads from the cache (vDSO symbol
-// offsets among others), so nobody but root may write there.
+// offsets among others), so nobody but root may write there. Any other
+// thing at that path is errNotOurs.
 func ensureKerndatDir(dir string) error {
 	if tmpfs, err := isTmpfs(filepath.Dir(dir)); err != nil {
 		return err
@@ -160,31 +248,32 @@ func ensureKerndatDir(dir string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
+	return checkOwnDir(dir, true)
+}
+
+// checkOwnDir checks that dir, not followed if it is a link, is a directory
+// of this user that nobody else can write (private: nobody else may even
+// read it).
+func checkOwnDir(dir string, private bool) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(dir, &st); err != nil {
 		return err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
-		return fmt.Errorf("%s is not a directory only this user (uid %d) can write: remove it", dir, os.Geteuid())
+	perm := uint32(0o022)
+	if private {
+		perm = 0o077
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&perm != 0 {
+		return fmt.Errorf("%s: %w (uid %d)", dir, errNotOurs, os.Geteuid())
 	}
 	return nil
 }
 
-// kerndatName names the cache of the criu binary at path on this boot: after
-// the boot and the binary's identity, so an upgraded CRIU gets its own.
+// kerndatName names the kernel-feature cache of the criu binary at path on
+// this boot: after the boot and the binary's identity, so an upgraded CRIU
+// gets its own.
 func kerndatName(criu string) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(criu, &st); err != nil {
-		return "", fmt.Errorf("stat %s: %w", criu, err)
-	}
-	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return "", err
-	}
-	id := fmt.Sprintf("%s %d %d %d %d.%d %s", criu, st.Dev, st.Ino, st.Size,
-		st.Mtim.Sec, st.Mtim.Nsec, strings.TrimSpace(string(boot)))
-	sum := sha256.Sum256([]byte(id))
-	return "criu-" + hex.EncodeToString(sum[:8]) + ".kdat", nil
+	return criuproxy.CacheName(criu, ".kdat")
 }
 
 // makeKerndat runs the helper in a new mount namespace and returns the cache

@@ -11,12 +11,17 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/internal/criuproxy"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 )
 
 // TestMain lets the test binary stand in for the shim binary as the
-// kerndat helper (RunHook), as the shim re-executes itself.
+// kerndat helper (RunHook), as the shim re-executes itself, and, run as
+// `criu` (through a link of that name), for the CRIU version proxy.
 func TestMain(m *testing.M) {
+	if filepath.Base(os.Args[0]) == "criu" {
+		criuproxy.Main()
+	}
 	if len(os.Args) > 2 && os.Args[1] == HookArg && os.Args[2] == kerndatHelperArg {
 		os.Exit(RunHook(os.Args[2:]))
 	}
@@ -117,8 +122,12 @@ func TestKerndatCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	criu, err := exec.LookPath("criu")
+	if err != nil {
+		t.Fatal(err)
+	}
 
-	if err := ensureKerndatCache(self); err != nil {
+	if err := ensureKerndatCache(self, criu); err != nil {
 		t.Fatal(err)
 	}
 	target, err := os.Readlink(kerndatLink)
@@ -143,7 +152,7 @@ func TestKerndatCache(t *testing.T) {
 	if criuLoadsCache(t) {
 		t.Fatal("CRIU loaded a cache through a dangling link")
 	}
-	if err := ensureKerndatCache(self); err != nil {
+	if err := ensureKerndatCache(self, criu); err != nil {
 		t.Fatal(err)
 	}
 	if b2, err := os.ReadFile(kerndatLink); err != nil || len(b2) != len(b) {
@@ -161,7 +170,7 @@ func TestKerndatCache(t *testing.T) {
 	if err := os.Symlink(other, kerndatLink); err != nil {
 		t.Fatal(err)
 	}
-	if err := ensureKerndatCache(self); err != nil {
+	if err := ensureKerndatCache(self, criu); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.Readlink(kerndatLink); got != target {
@@ -175,7 +184,7 @@ func TestKerndatCache(t *testing.T) {
 	if err := os.WriteFile(kerndatLink, []byte("theirs"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := ensureKerndatCache(self); err != nil {
+	if err := ensureKerndatCache(self, criu); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(kerndatLink); string(b) != "theirs" {
@@ -220,5 +229,100 @@ func TestKerndatDirTrusted(t *testing.T) {
 	fi, err := os.Lstat(kerndatDir)
 	if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("made %s: %v, %v", kerndatDir, fi.Mode(), err)
+	}
+}
+
+// TestKerndatDirSquatted: another user who makes kerndatDir first (in the
+// world-writable /dev/shm), or a link there, takes nothing from the shims:
+// the caches go to a root-only directory of a random name beside it, which
+// the next shims find through a record only root can write, and CRIU loads
+// its cache from there. The squatter's directory is neither used nor
+// touched; a record naming someone else's directory is not followed.
+func TestKerndatDirSquatted(t *testing.T) {
+	criu := testutil.RequiresCRIU(t)
+	if inPrivateMountNS(t, "TestKerndatDirSquatted") {
+		return
+	}
+	privateRunOnDisk(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := filepath.Join(filepath.Dir(kerndatDir), "theirs")
+	for _, squat := range []struct {
+		name string
+		make func() error
+	}{
+		{"a directory of another user", func() error {
+			if err := os.Mkdir(kerndatDir, 0o755); err != nil {
+				return err
+			}
+			return os.Chown(kerndatDir, 65534, 65534)
+		}},
+		{"a link to another user's directory", func() error { return os.Symlink(theirs, kerndatDir) }},
+		{"a file", func() error { return os.WriteFile(kerndatDir, nil, 0o644) }},
+	} {
+		t.Run(squat.name, func(t *testing.T) {
+			if err := os.Mkdir(theirs, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(theirs, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+			if err := squat.make(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				os.Remove(kerndatLink)
+				os.Remove(kerndatDirRecord())
+				matches, _ := filepath.Glob(kerndatDir + "*")
+				for _, m := range append(matches, theirs) {
+					os.RemoveAll(m)
+				}
+			})
+
+			dir, err := criuCacheDir()
+			if err != nil {
+				t.Fatalf("with %s at %s: %v", squat.name, kerndatDir, err)
+			}
+			if dir == kerndatDir || filepath.Dir(dir) != filepath.Dir(kerndatDir) {
+				t.Fatalf("cache directory %s, want a new one beside %s", dir, kerndatDir)
+			}
+			fi, err := os.Lstat(dir)
+			if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+				t.Fatalf("%s: %v %v", dir, fi.Mode(), err)
+			}
+			if again, err := criuCacheDir(); err != nil || again != dir {
+				t.Fatalf("second shim: %q, %v; want the recorded %s", again, err, dir)
+			}
+			if err := ensureKerndatCache(self, criu); err != nil {
+				t.Fatal(err)
+			}
+			if target, err := os.Readlink(kerndatLink); err != nil || filepath.Dir(target) != dir {
+				t.Fatalf("%s links to %q (%v), want a file in %s", kerndatLink, target, err, dir)
+			}
+			if !criuLoadsCache(t) {
+				t.Fatal("CRIU did not load the cache")
+			}
+			if ents, err := os.ReadDir(theirs); err != nil || len(ents) != 0 {
+				t.Fatalf("the squatter's directory: %v %v", ents, err)
+			}
+
+			// A record naming someone else's directory is not followed.
+			if err := os.WriteFile(kerndatDirRecord(), []byte(filepath.Join(filepath.Dir(kerndatDir), "lazyfork-criu-x")+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(theirs, filepath.Join(filepath.Dir(kerndatDir), "lazyfork-criu-x")); err != nil {
+				t.Fatal(err)
+			}
+			other, err := criuCacheDir()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Lstat(other); other == filepath.Join(filepath.Dir(kerndatDir), "lazyfork-criu-x") || err != nil || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+				t.Fatalf("followed a record to %s (%v)", other, err)
+			}
+			os.Rename(filepath.Join(filepath.Dir(kerndatDir), "lazyfork-criu-x"), theirs)
+		})
 	}
 }

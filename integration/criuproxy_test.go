@@ -1,0 +1,146 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	lfclient "github.com/lazyfork/lazyfork/client"
+	"github.com/lazyfork/lazyfork/integration/harness"
+	"github.com/lazyfork/lazyfork/internal/criuproxy"
+)
+
+// criuSpy is a directory holding a `criu` that logs each run's arguments and
+// then runs the real CRIU: put in the shims' PATH before the real one, it is
+// the CRIU the shims and runc run (the shim takes the first criu on PATH
+// outside the proxy's directory as the real one).
+type criuSpy struct {
+	dir, log string
+}
+
+func newCriuSpy(t *testing.T) *criuSpy {
+	t.Helper()
+	real, err := exec.LookPath("criu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	s := &criuSpy{dir: dir, log: filepath.Join(dir, "criu.log")}
+	script := "#!/bin/sh\necho \"$*\" >>" + s.log + "\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "criu"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The shims keep the spy's version answer in the host's cache directory
+	// (/dev/shm/lazyfork-criu, or the one /run/lazyfork-criu.dir records):
+	// removed with the spy (runs before the temporary directory goes).
+	t.Cleanup(func() {
+		name, err := criuproxy.CacheName(filepath.Join(dir, "criu"), criuproxy.VersionSuffix)
+		if err != nil {
+			return
+		}
+		dirs := []string{"/dev/shm/lazyfork-criu"}
+		if b, err := os.ReadFile("/run/lazyfork-criu.dir"); err == nil {
+			dirs = append(dirs, strings.TrimSpace(string(b)))
+		}
+		for _, d := range dirs {
+			os.Remove(filepath.Join(d, name))
+		}
+	})
+	return s
+}
+
+// swrkRuns is how many `criu swrk` runs (runc's, go-criu's) the log holds.
+func (s *criuSpy) swrkRuns(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile(s.log)
+	if os.IsNotExist(err) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "swrk ") {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *criuSpy) reset(t *testing.T) {
+	t.Helper()
+	if err := os.Remove(s.log); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+}
+
+// TestForkRestoreRunsCRIUOnce: with the CRIU version proxy (bin/criu-proxy),
+// runc's version check before a restore or a checkpoint is answered from the
+// cache, so a fork's restore runs CRIU once, not twice, and a checkpoint
+// once; the forks work. LAZYFORK_CRIU_PROXY=off: twice, as runc does alone.
+func TestForkRestoreRunsCRIUOnce(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		env     []string
+		perCall int // real CRIU runs per restore or checkpoint
+	}{
+		{"proxy", nil, 1},
+		{"off", []string{"LAZYFORK_CRIU_PROXY=off"}, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			spy := newCriuSpy(t)
+			// LAZYFORK_CRIU_KDAT=off: the host's /run/criu.kdat is not linked to
+			// a cache of the spy (CRIU still loads what it links to).
+			e := startLF(t, harness.Options{BinDirs: []string{spy.dir}, Env: append(c.env, "LAZYFORK_CRIU_KDAT=off")})
+			if _, err := os.Stat(filepath.Join(e.Bin, "criu-proxy", "criu")); err != nil {
+				t.Fatalf("no proxy beside the shim (make build): %v", err)
+			}
+			ctx := e.ctx(t)
+			img, err := e.ImportImage(ctx, "busybox")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lf := e.lfClient()
+			_, parent := e.run(t, ctx, img, "parent", []string{"sleep", "infinity"})
+			e.sh(t, ctx, parent, "echo parent >/tmp/who")
+			snap, err := lf.Checkpoint(ctx, "parent")
+			if err != nil {
+				t.Fatal(err)
+			}
+			spy.reset(t)
+			ids := []string{"fork-a", "fork-b"}
+			forks, err := lf.RestoreForks(ctx, "parent", snap.Snapshot, len(ids), e.logIO(), lfclient.WithIDs(ids...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := spy.swrkRuns(t), c.perCall*len(forks); got != want {
+				b, _ := os.ReadFile(spy.log)
+				t.Errorf("restoring %d forks ran criu swrk %d times, want %d:\n%s", len(forks), got, want, b)
+			}
+			for i, f := range forks {
+				mine := fmt.Sprintf("echo %s >>/tmp/who && cat /tmp/who", ids[i])
+				if out := e.sh(t, ctx, f.Task, mine); out != "parent\n"+ids[i] {
+					t.Errorf("fork %s reads %q", ids[i], out)
+				}
+			}
+			spy.reset(t)
+			snap2, err := lf.Checkpoint(ctx, "fork-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := spy.swrkRuns(t); got != c.perCall {
+				b, _ := os.ReadFile(spy.log)
+				t.Errorf("a checkpoint ran criu swrk %d times, want %d:\n%s", got, c.perCall, b)
+			}
+			for _, s := range []string{snap2.Snapshot, snap.Snapshot} {
+				if err := lf.RemoveSnapshot(ctx, s); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}

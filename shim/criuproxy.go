@@ -1,0 +1,151 @@
+package shim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/lazyfork/lazyfork/internal/criuproxy"
+)
+
+// runc asks CRIU for its version before every checkpoint and restore, a
+// whole `criu swrk` run (a CRIU start-up, 4-5 ms), and runs CRIU again for
+// the request itself. The shim puts criuProxyDir (beside this binary: the
+// proxy, cmd/lazyfork-criu-proxy, installed as `criu`) first on its own PATH,
+// which runc and CRIU inherit, and keeps the real CRIU's answer to a VERSION
+// request beside the kernel-feature cache (criuCacheDir), named after the
+// binary's identity and the boot. The proxy answers version requests from it
+// and executes the real CRIU for everything else (internal/criuproxy).
+// criuProxyEnv=off leaves runc's PATH alone.
+
+// criuProxyEnv turns the proxy off ("off").
+const criuProxyEnv = "LAZYFORK_CRIU_PROXY"
+
+// criuProxyDir is the proxy's directory beside the shim binary self.
+func criuProxyDir(self string) string {
+	return filepath.Join(filepath.Dir(self), "criu-proxy")
+}
+
+// realCRIU is the first criu on PATH that is not in the proxy's directory
+// (the CRIU runc would run without the proxy).
+func realCRIU(self string) (string, error) {
+	skip := criuProxyDir(self)
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if !filepath.IsAbs(dir) || filepath.Clean(dir) == skip {
+			continue
+		}
+		p := filepath.Join(dir, "criu")
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no criu on PATH (%s): install CRIU (make deps)", os.Getenv("PATH"))
+}
+
+// setupCRIUProxy makes the version cache of the CRIU binary criu if there is
+// none and puts the proxy first on PATH. The proxy, its directory and criu
+// must be root-owned and writable by nobody else (runc runs them as root).
+func setupCRIUProxy(self, criu string) error {
+	dir := criuProxyDir(self)
+	uid := uint32(os.Geteuid())
+	for _, c := range []struct {
+		path string
+		dir  bool
+	}{{dir, true}, {filepath.Join(dir, "criu"), false}, {criu, false}} {
+		if err := criuproxy.TrustedPath(c.path, c.dir, uid); err != nil {
+			return fmt.Errorf("%w: the proxy is off (reinstall with make install)", err)
+		}
+	}
+	cacheDir, err := criuCacheDir()
+	if err != nil {
+		return err
+	}
+	if _, err := criuproxy.ReadCache(cacheDir, criu, uid); err != nil {
+		name, err := criuproxy.CacheName(criu, criuproxy.VersionSuffix)
+		if err != nil {
+			return err
+		}
+		b, err := askCRIUVersion(criu)
+		if err != nil {
+			return err
+		}
+		if err := writeFileAtomic(filepath.Join(cacheDir, name), b, 0o600); err != nil {
+			return err
+		}
+	}
+	path := []string{dir}
+	for _, d := range filepath.SplitList(os.Getenv("PATH")) {
+		if d != dir {
+			path = append(path, d)
+		}
+	}
+	for k, v := range map[string]string{
+		criuproxy.EnvReal:     criu,
+		criuproxy.EnvCacheDir: cacheDir,
+		"PATH":                strings.Join(path, string(filepath.ListSeparator)),
+	} {
+		if err := os.Setenv(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// askCRIUVersion sends CRIU a VERSION request, as go-criu does for runc
+// (`criu swrk N`, one request on an AF_UNIX SOCK_SEQPACKET socket), and
+// returns its answer as it came.
+func askCRIUVersion(criu string) ([]byte, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair for criu swrk: %w", err)
+	}
+	cln := os.NewFile(uintptr(fds[0]), "criu-client")
+	srv := os.NewFile(uintptr(fds[1]), "criu-server")
+	defer cln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, criu, "swrk", "3")
+	cmd.ExtraFiles = []*os.File{srv}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Start()
+	srv.Close()
+	if err != nil {
+		return nil, fmt.Errorf("run %s swrk: %w", criu, err)
+	}
+	req, err := proto.Marshal(&rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
+	if err != nil {
+		return nil, err
+	}
+	resp := make([]byte, 64<<10)
+	n := 0
+	if _, err = cln.Write(req); err == nil {
+		n, err = cln.Read(resp) // a killed CRIU closes its end: EOF
+	}
+	cln.Close()
+	if werr := cmd.Wait(); werr != nil {
+		err = errors.Join(err, werr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ask %s for its version: %w: %s", criu, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	resp = resp[:n]
+	var r rpc.CriuResp
+	if err := proto.Unmarshal(resp, &r); err != nil {
+		return nil, fmt.Errorf("%s's version answer: %w", criu, err)
+	}
+	if r.GetType() != rpc.CriuReqType_VERSION || !r.GetSuccess() || r.GetVersion().GetMajorNumber() == 0 {
+		return nil, fmt.Errorf("%s's version answer is no version: %v", criu, &r)
+	}
+	return resp, nil
+}
