@@ -137,6 +137,7 @@ func openStore(cfg Config) (*memfile.Store, error) {
 // hook, family reference) and then lets runc's shim create the task. A create
 // from a LazyFork snapshot is only recorded; runc restores it at Start.
 func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+	defer s.trim.begin()()
 	t0 := time.Now()
 	c, err := s.prepare(ctx, r)
 	if err != nil {
@@ -399,6 +400,7 @@ func (s *Service) get(id string) *container {
 // CRIU restore. runc's shim neither loads a restored task's cgroup nor watches
 // it for OOM; LazyFork does both.
 func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	defer s.trim.begin()()
 	t0 := time.Now()
 	c := s.get(r.ID)
 	restoring := r.ExecID == "" && c != nil && c.state.Snapshot != ""
@@ -412,7 +414,6 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if !restoring {
 		return resp, err
 	}
-	defer s.trim.soon()
 	log.G(ctx).WithFields(log.Fields{"id": r.ID, "restore": time.Since(t0)}).Debug("lazyfork: restored")
 	if err == nil && timedOut() {
 		// The restore finished as the timer fired: what it made was killed.
@@ -520,6 +521,7 @@ func (s *Service) watchOOM(ctx context.Context, id string, cg any) {
 // family's memory files. The rewrite is atomic: on error the image directory
 // holds runc's plain image, untouched, and the error says so.
 func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
+	defer s.trim.begin()()
 	if r.Path == "" {
 		return nil, errgrpc.ToGRPCf(errdefs.ErrInvalidArgument, "checkpoint of %s: no image path", r.ID)
 	}
@@ -546,7 +548,6 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		}
 		r.Options = a
 	}
-	defer s.trim.soon()
 	st, err := s.stateOf(ctx, r.ID)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -766,6 +767,7 @@ func (s *Service) stateOf(ctx context.Context, id string) (*containerState, erro
 // Delete deletes a task (or exec) with runc's shim; a deleted task's reference
 // on its memory files is dropped.
 func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	defer s.trim.begin()()
 	resp, err := s.TTRPCTaskService.Delete(ctx, r)
 	if err != nil || r.ExecID != "" {
 		return resp, err

@@ -96,6 +96,7 @@ func runManyOnly(heapMiB, n, rounds int, debug bool) error {
 		if r == rounds-1 {
 			nShims, shims, _ := b.env.ShimMemory()
 			fmt.Printf("shims: %d, PSS %.1f MB (%.2f MB per fork)\n", nShims, float64(shims.Pss)/1e6, float64(shims.Pss)/1e6/float64(n+1))
+			printComposition(os.Stdout, b.forkMems(ctx, ctrs), b.h.Address)
 		}
 		t1 := time.Now()
 		b.removeAll(ctx, ctrs)

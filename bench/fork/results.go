@@ -141,8 +141,13 @@ func (r *results) summary(w io.Writer, heaps []int, nForks int) {
 	}
 	check("memory per fork (cgroup) right after restore under 2 MB", worst < 2e6, fmt.Sprintf("worst %.2f MB", worst/1e6))
 	for _, h := range heaps {
+		if v, ok := r.get(h, "lazyfork", "memory_per_fork_max_held_incl_shim_share"); ok {
+			ahead, _ := r.get(h, "lazyfork", "memory_charged_ahead_max")
+			check(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s, what it holds)", nForks, h), v <= 1.5e6,
+				fmt.Sprintf("%.2f MB (the kernel's charge stock: up to %.2f MB more on a fork's cgroup)", v/1e6, ahead/1e6))
+		}
 		if v, ok := r.get(h, "lazyfork", "memory_per_fork_max_incl_shim_share"); ok {
-			check(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s)", nForks, h), v <= 1.5e6,
+			check(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s, its cgroup's usage)", nForks, h), v <= 1.5e6,
 				fmt.Sprintf("%.2f MB", v/1e6))
 		}
 		if v, ok := r.get(h, "lazyfork", fmt.Sprintf("parent_%d_forks_memory_file_shims", nForks)); ok {
