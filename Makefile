@@ -15,7 +15,7 @@ ZDTM_FLAVOR ?= h
 
 # The full shim before the front that runs it: an install never leaves a new
 # front beside no full shim.
-COMMANDS := containerd-shim-lazyfork-v1-full containerd-shim-lazyfork-v1 lazyfork-snapshotter lazyfork lazyfork-memfile
+COMMANDS := containerd-shim-lazyfork-v1-full containerd-shim-lazyfork-v1 lazyfork-rehome lazyfork-snapshotter lazyfork lazyfork-memfile
 # The CRIU version proxy is installed as `criu` in a directory of its own beside
 # the shims, which the shim puts first on runc's PATH (internal/criuproxy).
 CRIU_PROXY := criu-proxy/criu

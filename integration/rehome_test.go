@@ -97,6 +97,10 @@ func TestRehome(t *testing.T) {
 	if p := parent.task.Pid(); p != pid {
 		t.Errorf("parent's pid changed: %d -> %d", pid, p)
 	}
+	// The move ran the small helper binary, not the shim's own.
+	if l := e.Log(); !strings.Contains(l, "helper=lazyfork-rehome") {
+		t.Errorf("the move did not run lazyfork-rehome (shim log: %q)", grepLines(l, "moved onto memory file"))
+	}
 	st, err := parent.task.Status(ctx)
 	if err != nil || st.Status != containerd.Running {
 		t.Fatalf("parent after the move: %v %v", st.Status, err)
@@ -394,4 +398,15 @@ func TestRehomeFreesReplacedPages(t *testing.T) {
 	if v := e.forks(res)[0].signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
 		t.Errorf("a fork made after the frees: %q, want %q", v, want)
 	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

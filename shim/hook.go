@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/rehome/movehelper"
 )
 
 // RunHook runs the shim binary as an OCI hook: args are os.Args[2:] after
@@ -37,7 +38,7 @@ func RunHook(args []string) int {
 		return 0
 	}
 	if len(args) == 1 && args[0] == "rehome" {
-		if err := runRehome(os.Stdin, os.Stdout); err != nil {
+		if err := movehelper.Run(os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintf(os.Stderr, "lazyfork rehome: %v\n", err)
 			return 1
 		}

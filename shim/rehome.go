@@ -6,26 +6,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/sys/reaper"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/cgroupmem"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
-	"github.com/lazyfork/lazyfork/memfile/rehome"
+	"github.com/lazyfork/lazyfork/memfile/rehome/movehelper"
 )
 
 // rehomeResult is what a move did, for the log and the container's state.
@@ -35,7 +32,8 @@ type rehomeResult struct {
 	Bytes    int64
 	ByTracer int64 // of Bytes, copied by the helper instead of the process
 	Duration time.Duration
-	Helper   rehomeReply // the helper's own account (calls, timings)
+	Helper   movehelper.Reply // the helper's own account (calls, timings)
+	Binary   string           // the helper's program
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
 	NoNewPrivs []int
@@ -124,11 +122,11 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	}
 	linked = true
 	res.File = pf.Name()
-	req := rehomeRequest{
+	req := movehelper.Request{
 		Freezer: freezer, Pids: pids, HostFile: pf.Path(), Inside: filepath.Join(memfile.MountPath, pf.Name()),
 		Guard: guard, Mode: int(mode), Chunk: chunk, MemDir: memfile.MountPath,
 	}
-	reply, err := s.runRehomeHelper(ctx, initPID, &req)
+	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.Binary)
 	if req.ChargedTo != "" {
 		if err := store.SetCharge(st.Family, pf.Name(), req.ChargedTo); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: record where a moved file is charged")
@@ -187,42 +185,25 @@ func freeze(dir string) error {
 // were moved onto.
 func movedHolder(ns, id, file string) string { return "moved:" + ns + "/" + id + "/" + file }
 
-// rehomeRequest is what the shim asks its rehome helper (JSON on stdin).
-type rehomeRequest struct {
-	Freezer  string `json:"freezer"`  // the container's frozen cgroup
-	Pids     []int  `json:"pids"`     // every process in it
-	HostFile string `json:"hostFile"` // the memory file, writable, on the host
-	Inside   string `json:"inside"`   // the same file as the processes see it
-	Guard    bool   `json:"guard"`    // install the madvise guard on what moved
-	Mode     int    `json:"mode"`     // madvguard.Mode of the guard
-	Chunk    uint64 `json:"chunk"`    // bytes copied and mapped at a time
-	MemDir   string `json:"memDir"`   // where the processes see memory files
-	// ChargedTo is the memory cgroup the helper writes the file from (the
-	// container's, unless it could not join it): not sent, for the record.
-	ChargedTo string `json:"-"`
-}
+// RehomeHelper is the binary of a move's helper process, beside the shim's
+// (movehelper: it starts in a third of the shim's time, inside the pause);
+// the shim's own binary runs the helper where it is missing.
+const RehomeHelper = "lazyfork-rehome"
 
-// rehomeReply is the helper's answer (JSON on stdout).
-type rehomeReply struct {
-	// Replaced are the ranges of older memory files whose pages the
-	// processes no longer map (written since, now moved), for
-	// Store.PunchUnused; only from a move that finished.
-	Replaced []memfile.FileRange `json:"replaced,omitempty"`
-	VMAs     int                 `json:"vmas"`               // VMAs moved whole
-	Bytes    int64               `json:"bytes"`              // bytes written into the file
-	ByTracer int64               `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
-	Calls    int                 `json:"calls"`              // pwrite calls the processes made
-	// Where the helper's time went: seizing the tree, planning (reading
-	// smaps and pagemaps), copying and mapping.
-	Seize, Plan, Move time.Duration
-	NoNewPrivs        []int  `json:"noNewPrivs,omitempty"`
-	Err               string `json:"err,omitempty"`
+// isFile reports whether path names a regular file.
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // runRehomeHelper runs the helper through containerd's reaper, inside the
 // container's memory cgroup, and returns its reply.
-func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *rehomeRequest) (*rehomeReply, error) {
+func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, binary *string) (*movehelper.Reply, error) {
 	cmd := exec.Command(s.self, HookArg, "rehome")
+	if helper := filepath.Join(filepath.Dir(s.self), RehomeHelper); isFile(helper) {
+		cmd = exec.Command(helper)
+	}
+	*binary = filepath.Base(cmd.Path)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -247,111 +228,11 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *rehomeR
 	if werr != nil || err != nil || code != 0 {
 		return nil, fmt.Errorf("rehome helper: exit %d: %v %v: %s", code, werr, err, strings.TrimSpace(stderr.String()))
 	}
-	var reply rehomeReply
+	var reply movehelper.Reply
 	if err := json.Unmarshal(stdout.Bytes(), &reply); err != nil {
 		return nil, fmt.Errorf("rehome helper: reply %q: %w", stdout.String(), err)
 	}
 	return &reply, nil
-}
-
-// runRehome is the helper's side (RunHook "rehome"): seize the frozen
-// container, move each process onto the file, guard what moved, let go.
-func runRehome(stdin io.Reader, stdout io.Writer) error {
-	var req rehomeRequest
-	dec := json.NewDecoder(stdin)
-	if err := dec.Decode(&req); err != nil {
-		return fmt.Errorf("decode request: %w", err)
-	}
-	// stdin closes once the shim has put this process into the container's
-	// memory cgroup.
-	joined := sync.OnceFunc(func() { io.Copy(io.Discard, io.MultiReader(dec.Buffered(), stdin)) })
-	reply := moveAll(&req, joined)
-	return json.NewEncoder(stdout).Encode(reply)
-}
-
-// moveAll moves the tree of req; joined returns once the helper is in the
-// container's memory cgroup, and is called before anything is written.
-func moveAll(req *rehomeRequest, joined func()) (reply rehomeReply) {
-	fail := func(err error) rehomeReply { reply.Err = err.Error(); return reply }
-	f, err := os.OpenFile(req.HostFile, os.O_RDWR, 0)
-	if err != nil {
-		return fail(err)
-	}
-	defer f.Close()
-	t0 := time.Now()
-	tr, err := rehome.Seize(req.Freezer, req.Pids...)
-	if err != nil {
-		return fail(err)
-	}
-	reply.Seize = time.Since(t0)
-	var errs []error
-	defer func() {
-		if err := tr.Detach(); err != nil {
-			errs = append(errs, fmt.Errorf("detach: %w", err))
-		}
-		reply.NoNewPrivs = tr.NoNewPrivs
-		if err := errors.Join(errs...); err != nil {
-			reply.Err = err.Error()
-		}
-	}()
-	slot := 0
-	for _, pid := range req.Pids {
-		// Written pages inside mappings of memory files are planned too:
-		// after a move, nothing the processes wrote stays private.
-		t1 := time.Now()
-		vmas, err := rehome.PlanWith(pid, rehome.PlanOptions{MemDir: req.MemDir})
-		reply.Plan += time.Since(t1)
-		if err != nil {
-			errs = append(errs, err)
-			return reply
-		}
-		// One file for the tree: each process's VMAs in slots of their own.
-		for i := range vmas {
-			vmas[i].Slot += slot
-		}
-		slot += len(vmas)
-		if len(vmas) == 0 {
-			continue
-		}
-		joined()
-		if os.Getenv("LAZYFORK_REHOME_FAILPOINT") == "die-mid-move" && len(vmas) > 1 {
-			// Tests: the helper killed with part of the tree moved.
-			tr.MoveFile(pid, f, req.Inside, vmas[:1], req.Chunk)
-			unix.Kill(os.Getpid(), unix.SIGKILL)
-		}
-		t2 := time.Now()
-		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, req.Chunk)
-		reply.Move += time.Since(t2)
-		reply.Calls += cs.Calls
-		reply.VMAs += len(done)
-		for _, v := range done {
-			if v.Replaces != "" {
-				reply.Replaced = append(reply.Replaced, memfile.FileRange{
-					File: filepath.Base(strings.TrimSuffix(v.Replaces, " (deleted)")), Off: v.ReplacesOffset, Len: v.Len()})
-			}
-		}
-		reply.Bytes += cs.Bytes
-		reply.ByTracer += cs.ByTracer
-		if err != nil {
-			errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
-		}
-		if req.Guard && len(done) > 0 {
-			ranges := make([]madvguard.Range, len(done))
-			for i, v := range done {
-				ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
-			}
-			prog, err := madvguard.Program(ranges, madvguard.Mode(req.Mode))
-			if err == nil {
-				err = tr.InstallFilter(pid, prog)
-			}
-			if err != nil {
-				// Without the guard a purge would bring back the file's
-				// bytes where the allocator expects zeros: say so loudly.
-				errs = append(errs, fmt.Errorf("process %d: madvise guard: %w", pid, err))
-			}
-		}
-	}
-	return reply
 }
 
 // Chunks of a move: while one is copied, the container holds it twice (its
@@ -441,7 +322,7 @@ func cgroupProcs(dir string) ([]int, error) {
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration,
-		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced)})
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary})
 	if len(res.NoNewPrivs) > 0 {
 		l = l.WithField("no_new_privs", res.NoNewPrivs)
 	}

@@ -603,7 +603,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		<-wipeRead
 		tMove = res.Duration
 		if err == nil {
-			replaced = res.Helper.Replaced
+			for _, r := range res.Helper.Replaced {
+				replaced = append(replaced, memfile.FileRange{File: r.File, Off: r.Off, Len: r.Len})
+			}
 		}
 		if errdefs.IsResourceExhausted(err) && res.VMAs == 0 {
 			// Its memory limit bounds its snapshots: no dump charged

@@ -1,0 +1,158 @@
+package movehelper
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/memfile/madvguard"
+	"github.com/lazyfork/lazyfork/memfile/rehome"
+)
+
+// FileRange is a byte range of a memory file (memfile.FileRange, without
+// memfile's weight in the helper).
+type FileRange struct {
+	File     string // base name in the family directory
+	Off, Len uint64
+}
+
+// Request is what the shim asks the helper (JSON on stdin).
+type Request struct {
+	Freezer  string `json:"freezer"`  // the container's frozen cgroup
+	Pids     []int  `json:"pids"`     // every process in it
+	HostFile string `json:"hostFile"` // the memory file, writable, on the host
+	Inside   string `json:"inside"`   // the same file as the processes see it
+	Guard    bool   `json:"guard"`    // install the madvise guard on what moved
+	Mode     int    `json:"mode"`     // madvguard.Mode of the guard
+	Chunk    uint64 `json:"chunk"`    // bytes copied and mapped at a time
+	MemDir   string `json:"memDir"`   // where the processes see memory files
+	// ChargedTo is the memory cgroup the helper writes the file from (the
+	// container's, unless it could not join it): not sent, for the record.
+	ChargedTo string `json:"-"`
+}
+
+// Reply is the helper's answer (JSON on stdout).
+type Reply struct {
+	// Replaced are the ranges of older memory files whose pages the
+	// processes no longer map (written since, now moved), for
+	// Store.PunchUnused; only from a move that finished.
+	Replaced []FileRange `json:"replaced,omitempty"`
+	VMAs     int         `json:"vmas"`               // VMAs moved whole
+	Bytes    int64       `json:"bytes"`              // bytes written into the file
+	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
+	Calls    int         `json:"calls"`              // pwrite calls the processes made
+	// Where the helper's time went: seizing the tree, planning (reading
+	// smaps and pagemaps), copying and mapping.
+	Seize, Plan, Move time.Duration
+	NoNewPrivs        []int  `json:"noNewPrivs,omitempty"`
+	Err               string `json:"err,omitempty"`
+}
+
+// Run is the helper's side: read a Request from stdin, seize the frozen
+// container, move each process onto the file, guard what moved, let go, and
+// write the Reply to stdout.
+func Run(stdin io.Reader, stdout io.Writer) error {
+	var req Request
+	dec := json.NewDecoder(stdin)
+	if err := dec.Decode(&req); err != nil {
+		return fmt.Errorf("decode request: %w", err)
+	}
+	// stdin closes once the shim has put this process into the container's
+	// memory cgroup.
+	joined := sync.OnceFunc(func() { io.Copy(io.Discard, io.MultiReader(dec.Buffered(), stdin)) })
+	reply := moveAll(&req, joined)
+	return json.NewEncoder(stdout).Encode(reply)
+}
+
+// moveAll moves the tree of req; joined returns once the helper is in the
+// container's memory cgroup, and is called before anything is written.
+func moveAll(req *Request, joined func()) (reply Reply) {
+	fail := func(err error) Reply { reply.Err = err.Error(); return reply }
+	f, err := os.OpenFile(req.HostFile, os.O_RDWR, 0)
+	if err != nil {
+		return fail(err)
+	}
+	defer f.Close()
+	t0 := time.Now()
+	tr, err := rehome.Seize(req.Freezer, req.Pids...)
+	if err != nil {
+		return fail(err)
+	}
+	reply.Seize = time.Since(t0)
+	var errs []error
+	defer func() {
+		if err := tr.Detach(); err != nil {
+			errs = append(errs, fmt.Errorf("detach: %w", err))
+		}
+		reply.NoNewPrivs = tr.NoNewPrivs
+		if err := errors.Join(errs...); err != nil {
+			reply.Err = err.Error()
+		}
+	}()
+	slot := 0
+	for _, pid := range req.Pids {
+		// Written pages inside mappings of memory files are planned too:
+		// after a move, nothing the processes wrote stays private.
+		t1 := time.Now()
+		vmas, err := rehome.PlanWith(pid, rehome.PlanOptions{MemDir: req.MemDir})
+		reply.Plan += time.Since(t1)
+		if err != nil {
+			errs = append(errs, err)
+			return reply
+		}
+		// One file for the tree: each process's VMAs in slots of their own.
+		for i := range vmas {
+			vmas[i].Slot += slot
+		}
+		slot += len(vmas)
+		if len(vmas) == 0 {
+			continue
+		}
+		joined()
+		if os.Getenv("LAZYFORK_REHOME_FAILPOINT") == "die-mid-move" && len(vmas) > 1 {
+			// Tests: the helper killed with part of the tree moved.
+			tr.MoveFile(pid, f, req.Inside, vmas[:1], req.Chunk)
+			unix.Kill(os.Getpid(), unix.SIGKILL)
+		}
+		t2 := time.Now()
+		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, req.Chunk)
+		reply.Move += time.Since(t2)
+		reply.Calls += cs.Calls
+		reply.VMAs += len(done)
+		for _, v := range done {
+			if v.Replaces != "" {
+				reply.Replaced = append(reply.Replaced, FileRange{
+					File: filepath.Base(strings.TrimSuffix(v.Replaces, " (deleted)")), Off: v.ReplacesOffset, Len: v.Len()})
+			}
+		}
+		reply.Bytes += cs.Bytes
+		reply.ByTracer += cs.ByTracer
+		if err != nil {
+			errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
+		}
+		if req.Guard && len(done) > 0 {
+			ranges := make([]madvguard.Range, len(done))
+			for i, v := range done {
+				ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
+			}
+			prog, err := madvguard.Program(ranges, madvguard.Mode(req.Mode))
+			if err == nil {
+				err = tr.InstallFilter(pid, prog)
+			}
+			if err != nil {
+				// Without the guard a purge would bring back the file's
+				// bytes where the allocator expects zeros: say so loudly.
+				errs = append(errs, fmt.Errorf("process %d: madvise guard: %w", pid, err))
+			}
+		}
+	}
+	return reply
+}
