@@ -16,15 +16,20 @@ ZDTM_FLAVOR ?= h
 # The full shim before the front that runs it: an install never leaves a new
 # front beside no full shim.
 COMMANDS := containerd-shim-lazyfork-v1-full containerd-shim-lazyfork-v1 lazyfork-rehome lazyfork-snapshotter lazyfork lazyfork-memfile
-# The CRIU version proxy is installed as `criu` in a directory of its own beside
-# the shims, which the shim puts first on runc's PATH (internal/criuproxy).
+# The CRIU proxy (one static C program, cmd/lazyfork-criu-proxy/proxy.c) is
+# installed as `criu` and `tar` in a directory of its own beside the shims,
+# which the shim puts first on runc's PATH (internal/criuproxy). C, not Go: it
+# runs before every real CRIU and tar run, and Go's start-up costs 1.5-2 ms.
 CRIU_PROXY := criu-proxy/criu
+CRIU_PROXY_TAR := criu-proxy/tar
+CRIU_PROXY_SRC := cmd/lazyfork-criu-proxy/proxy.c
+PROXY_CC ?= gcc
 # lazyfork --version (the go env here has -buildvcs=false: no VCS stamp in the build info)
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
 export PATH := $(PREFIX)/sbin:$(PREFIX)/bin:/usr/local/go/bin:$(PATH)
 
-.PHONY: all help build install uninstall deps images test integration check demo \
+.PHONY: all help build criu-proxy install uninstall deps images test integration check demo \
 	bench-baseline bench-memfile bench-fork bench-fork-100 bench-refork bench-snapshotter bench-allocators bench-rewrite bench-cirunner fidelity critest \
 	proto proto-check lint clean zdtm zdtm-ci release cross-check
 
@@ -36,9 +41,16 @@ help: ## this list
 build: ## build every binary into bin/
 	@mkdir -p $(BINDIR)
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BINDIR)/ $(addprefix ./cmd/,$(COMMANDS))
-	@mkdir -p $(BINDIR)/criu-proxy
-	$(GO) build -o $(BINDIR)/$(CRIU_PROXY) ./cmd/lazyfork-criu-proxy
+	$(MAKE) --no-print-directory criu-proxy OUT=$(BINDIR)
 	ln -sf lazyfork $(BINDIR)/lfork
+
+# criu-proxy OUT=dir: the CRIU proxy as dir/criu-proxy/criu and, linked, tar.
+criu-proxy:
+	@command -v $(PROXY_CC) >/dev/null || { echo "make: $(PROXY_CC) not found: the CRIU proxy ($(CRIU_PROXY_SRC)) needs a C compiler and a static libc: apt-get install build-essential (or make deps)" >&2; exit 1; }
+	@mkdir -p $(OUT)/criu-proxy
+	$(PROXY_CC) -static -O2 -s -Wall -o $(OUT)/$(CRIU_PROXY).tmp $(CRIU_PROXY_SRC) || { echo "make: $(PROXY_CC) -static failed: a static libc is needed: apt-get install build-essential (libc6-dev)" >&2; exit 1; }
+	mv -f $(OUT)/$(CRIU_PROXY).tmp $(OUT)/$(CRIU_PROXY)
+	ln -f $(OUT)/$(CRIU_PROXY) $(OUT)/$(CRIU_PROXY_TAR)
 
 UNITS := lazyfork-snapshotter.service containerd.service.d/lazyfork.conf
 
@@ -46,6 +58,7 @@ install: build ## install the binaries into $(DESTDIR)$(PREFIX)/bin and the syst
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin/criu-proxy
 	install -m 0755 $(BINDIR)/$(CRIU_PROXY) $(DESTDIR)$(PREFIX)/bin/$(CRIU_PROXY)
+	ln -f $(DESTDIR)$(PREFIX)/bin/$(CRIU_PROXY) $(DESTDIR)$(PREFIX)/bin/$(CRIU_PROXY_TAR)
 	install -m 0755 $(addprefix $(BINDIR)/,$(COMMANDS)) $(DESTDIR)$(PREFIX)/bin/
 	ln -sf lazyfork $(DESTDIR)$(PREFIX)/bin/lfork
 	install -d $(DESTDIR)$(SYSTEMDDIR)/containerd.service.d
@@ -57,7 +70,7 @@ install: build ## install the binaries into $(DESTDIR)$(PREFIX)/bin and the syst
 
 uninstall: ## remove what install put in place (run `lazyfork setup --down` first; docs/setup.md)
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl disable --now lazyfork-snapshotter.service || true; fi
-	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(COMMANDS) lfork $(CRIU_PROXY))
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(COMMANDS) lfork $(CRIU_PROXY) $(CRIU_PROXY_TAR))
 	-rmdir $(DESTDIR)$(PREFIX)/bin/criu-proxy 2>/dev/null
 	rm -f $(addprefix $(DESTDIR)$(SYSTEMDDIR)/,$(UNITS))
 	-rmdir $(DESTDIR)$(SYSTEMDDIR)/containerd.service.d 2>/dev/null
@@ -141,8 +154,7 @@ DARWIN_ARCHS := arm64 amd64
 release: ## linux/amd64 binaries and the macOS lazyfork CLI (darwin/arm64, darwin/amd64) into dist/<os>-<arch>/
 	@mkdir -p $(RELEASEDIR)/linux-amd64
 	GOOS=linux GOARCH=amd64 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(RELEASEDIR)/linux-amd64/ $(addprefix ./cmd/,$(COMMANDS))
-	@mkdir -p $(RELEASEDIR)/linux-amd64/criu-proxy
-	GOOS=linux GOARCH=amd64 $(GO) build -o $(RELEASEDIR)/linux-amd64/$(CRIU_PROXY) ./cmd/lazyfork-criu-proxy
+	$(MAKE) --no-print-directory criu-proxy OUT=$(RELEASEDIR)/linux-amd64
 	for a in $(DARWIN_ARCHS); do \
 		mkdir -p $(RELEASEDIR)/darwin-$$a && \
 		CGO_ENABLED=0 GOOS=darwin GOARCH=$$a $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(RELEASEDIR)/darwin-$$a/lazyfork ./cmd/lazyfork || exit 1; \

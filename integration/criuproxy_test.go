@@ -5,8 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	containerd "github.com/containerd/containerd/v2/client"
 
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
@@ -78,26 +81,46 @@ func (s *criuSpy) reset(t *testing.T) {
 	}
 }
 
-// TestForkRestoreRunsCRIUOnce: with the CRIU version proxy (bin/criu-proxy),
-// runc's version check before a restore or a checkpoint is answered from the
-// cache, so a fork's restore runs CRIU once, not twice, and a checkpoint
-// once; the forks work. LAZYFORK_CRIU_PROXY=off: twice, as runc does alone.
+// creates is how many `tar --create` runs (CRIU's tmpfs dumps) the log holds.
+func (s *tarSpy) creates(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile(s.log)
+	if os.IsNotExist(err) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "--create")
+}
+
+// TestForkRestoreRunsCRIUOnce: with the CRIU proxy (bin/criu-proxy), runc's
+// version check before a restore or a checkpoint is answered by the proxy, so
+// a fork's restore runs CRIU once, not twice, and a checkpoint once; and a
+// checkpoint runs tar only for the tmpfs mounts that hold something (the
+// proxy answers CRIU's dump of an empty one). The forks work and see what
+// the parent wrote into /dev/shm and /run. LAZYFORK_CRIU_PROXY=off: CRIU
+// twice, as runc does alone, and tar for every tmpfs mount.
 func TestForkRestoreRunsCRIUOnce(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		env     []string
 		perCall int // real CRIU runs per restore or checkpoint
+		proxy   bool
 	}{
-		{"proxy", nil, 1},
-		{"off", []string{"LAZYFORK_CRIU_PROXY=off"}, 2},
+		{"proxy", nil, 1, true},
+		{"off", []string{"LAZYFORK_CRIU_PROXY=off"}, 2, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			spy := newCriuSpy(t)
+			tars := newTarSpy(t)
 			// LAZYFORK_CRIU_KDAT=off: the host's /run/criu.kdat is not linked to
 			// a cache of the spy (CRIU still loads what it links to).
-			e := startLF(t, harness.Options{BinDirs: []string{spy.dir}, Env: append(c.env, "LAZYFORK_CRIU_KDAT=off")})
-			if _, err := os.Stat(filepath.Join(e.Bin, "criu-proxy", "criu")); err != nil {
-				t.Fatalf("no proxy beside the shim (make build): %v", err)
+			e := startLF(t, harness.Options{BinDirs: []string{spy.dir, tars.dir}, Env: append(c.env, "LAZYFORK_CRIU_KDAT=off")})
+			for _, name := range []string{"criu", "tar"} {
+				if _, err := os.Stat(filepath.Join(e.Bin, "criu-proxy", name)); err != nil {
+					t.Fatalf("no proxy %s beside the shim (make build): %v", name, err)
+				}
 			}
 			ctx := e.ctx(t)
 			img, err := e.ImportImage(ctx, "busybox")
@@ -106,10 +129,42 @@ func TestForkRestoreRunsCRIUOnce(t *testing.T) {
 			}
 			lf := e.lfClient()
 			_, parent := e.run(t, ctx, img, "parent", []string{"sleep", "infinity"})
-			e.sh(t, ctx, parent, "echo parent >/tmp/who")
+			e.sh(t, ctx, parent, "echo parent >/tmp/who && echo shm-data >/dev/shm/p && echo run-data >/run/p")
+			// CRIU dumps each tmpfs superblock once (runc's masked
+			// directories share one).
+			wantTars := func(task containerd.Task, v tmpfsView) int {
+				if c.proxy {
+					return len(v.full)
+				}
+				out := e.sh(t, ctx, task, `while read id par dev root mp rest; do
+					case "$rest" in *" - tmpfs "*) [ "$root" = / ] && echo "$dev";; esac
+				done </proc/self/mountinfo | sort -u | wc -l`)
+				n, err := strconv.Atoi(out)
+				if err != nil {
+					t.Fatalf("tmpfs superblocks: %q", out)
+				}
+				return n
+			}
+			pv := e.tmpfsView(t, ctx, parent)
+			t.Logf("parent's tmpfs mounts:\n%s", strings.Join(pv.lines, "\n"))
+			if len(pv.full) >= len(pv.lines) {
+				t.Fatalf("the parent has no empty tmpfs mount:\n%s", strings.Join(pv.lines, "\n"))
+			}
+			wantParent := wantTars(parent, pv)
+			spy.reset(t)
+			tars.reset(t)
 			snap, err := lf.Checkpoint(ctx, "parent")
 			if err != nil {
 				t.Fatal(err)
+			}
+			if got := tars.creates(t); got != wantParent {
+				b, _ := os.ReadFile(tars.log)
+				t.Errorf("the parent's checkpoint ran tar --create %d times, want %d (%d tmpfs mounts, %d hold something):\n%s",
+					got, wantParent, len(pv.lines), len(pv.full), b)
+			}
+			if got := spy.swrkRuns(t); got != c.perCall {
+				b, _ := os.ReadFile(spy.log)
+				t.Errorf("the parent's checkpoint ran criu swrk %d times, want %d:\n%s", got, c.perCall, b)
 			}
 			spy.reset(t)
 			ids := []string{"fork-a", "fork-b"}
@@ -122,19 +177,27 @@ func TestForkRestoreRunsCRIUOnce(t *testing.T) {
 				t.Errorf("restoring %d forks ran criu swrk %d times, want %d:\n%s", len(forks), got, want, b)
 			}
 			for i, f := range forks {
-				mine := fmt.Sprintf("echo %s >>/tmp/who && cat /tmp/who", ids[i])
-				if out := e.sh(t, ctx, f.Task, mine); out != "parent\n"+ids[i] {
+				mine := fmt.Sprintf("echo %s >>/tmp/who && cat /tmp/who /dev/shm/p /run/p", ids[i])
+				if out := e.sh(t, ctx, f.Task, mine); out != "parent\n"+ids[i]+"\nshm-data\nrun-data" {
 					t.Errorf("fork %s reads %q", ids[i], out)
 				}
 			}
+			fv := e.tmpfsView(t, ctx, forks[0].Task)
+			wantFork := wantTars(forks[0].Task, fv)
 			spy.reset(t)
+			tars.reset(t)
 			snap2, err := lf.Checkpoint(ctx, "fork-a")
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got := spy.swrkRuns(t); got != c.perCall {
 				b, _ := os.ReadFile(spy.log)
-				t.Errorf("a checkpoint ran criu swrk %d times, want %d:\n%s", got, c.perCall, b)
+				t.Errorf("a fork's checkpoint ran criu swrk %d times, want %d:\n%s", got, c.perCall, b)
+			}
+			if got := tars.creates(t); got != wantFork {
+				b, _ := os.ReadFile(tars.log)
+				t.Errorf("a fork's checkpoint ran tar --create %d times, want %d (%d tmpfs mounts, %d hold something):\n%s",
+					got, wantFork, len(fv.lines), len(fv.full), b)
 			}
 			for _, s := range []string{snap2.Snapshot, snap.Snapshot} {
 				if err := lf.RemoveSnapshot(ctx, s); err != nil {

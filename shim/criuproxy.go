@@ -3,6 +3,7 @@ package shim
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -20,13 +21,17 @@ import (
 
 // runc asks CRIU for its version before every checkpoint and restore, a
 // whole `criu swrk` run (a CRIU start-up, 4-5 ms), and runs CRIU again for
-// the request itself. The shim puts criuProxyDir (beside this binary: the
-// proxy, cmd/lazyfork-criu-proxy, installed as `criu`) first on its own PATH,
-// which runc and CRIU inherit, and keeps the real CRIU's answer to a VERSION
-// request beside the kernel-feature cache (criuCacheDir), named after the
-// binary's identity and the boot. The proxy answers version requests from it
-// and executes the real CRIU for everything else (internal/criuproxy).
-// criuProxyEnv=off leaves runc's PATH alone.
+// the request itself; and CRIU dumps every tmpfs mount of a container with a
+// tar and a gzip process (4-6 ms each, inside the container's pause), most of
+// them empty. The shim puts criuProxyDir (beside this binary: the proxy,
+// cmd/lazyfork-criu-proxy/proxy.c, installed as `criu` and `tar`) first on its
+// own PATH, which runc, CRIU and tar inherit, and tells the proxy the real
+// CRIU, its identity and its answer to a VERSION request, and the real tar,
+// in the environment (internal/criuproxy). The answer is asked once per CRIU
+// binary and boot and kept beside the kernel-feature cache (criuCacheDir).
+// The proxy answers version requests and CRIU's tar of an empty directory,
+// and executes the real program for everything else. criuProxyEnv=off leaves
+// runc's PATH alone.
 
 // criuProxyEnv turns the proxy off ("off").
 const criuProxyEnv = "LAZYFORK_CRIU_PROXY"
@@ -39,47 +44,62 @@ func criuProxyDir(self string) string {
 // realCRIU is the first criu on PATH that is not in the proxy's directory
 // (the CRIU runc would run without the proxy).
 func realCRIU(self string) (string, error) {
+	return lookPathBut(self, "criu", "install CRIU (make deps)")
+}
+
+// lookPathBut is the first executable name on PATH outside the proxy's
+// directory; hint says what to do when there is none.
+func lookPathBut(self, name, hint string) (string, error) {
 	skip := criuProxyDir(self)
 	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
 		if !filepath.IsAbs(dir) || filepath.Clean(dir) == skip {
 			continue
 		}
-		p := filepath.Join(dir, "criu")
+		p := filepath.Join(dir, name)
 		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("no criu on PATH (%s): install CRIU (make deps)", os.Getenv("PATH"))
+	return "", fmt.Errorf("no %s on PATH (%s): %s", name, os.Getenv("PATH"), hint)
 }
 
-// setupCRIUProxy makes the version cache of the CRIU binary criu if there is
-// none and puts the proxy first on PATH. The proxy, its directory and criu
-// must be root-owned and writable by nobody else (runc runs them as root).
+// setupCRIUProxy asks the CRIU binary criu for its version if no cache holds
+// its answer, and puts the proxy first on PATH with the environment it reads.
+// The proxy (as criu and tar), its directory, criu and the real tar must be
+// root-owned and writable by nobody else (runc runs them as root).
 func setupCRIUProxy(self, criu string) error {
 	dir := criuProxyDir(self)
+	tar, err := lookPathBut(self, "tar", "install tar")
+	if err != nil {
+		return err
+	}
 	uid := uint32(os.Geteuid())
 	for _, c := range []struct {
 		path string
 		dir  bool
-	}{{dir, true}, {filepath.Join(dir, "criu"), false}, {criu, false}} {
+	}{{dir, true}, {filepath.Join(dir, "criu"), false}, {filepath.Join(dir, "tar"), false}, {criu, false}, {tar, false}} {
 		if err := criuproxy.TrustedPath(c.path, c.dir, uid); err != nil {
 			return fmt.Errorf("%w: the proxy is off (reinstall with make install)", err)
 		}
+	}
+	id, err := criuproxy.ID(criu)
+	if err != nil {
+		return err
 	}
 	cacheDir, err := criuCacheDir()
 	if err != nil {
 		return err
 	}
-	if _, err := criuproxy.ReadCache(cacheDir, criu, uid); err != nil {
+	answer, err := criuproxy.ReadCache(cacheDir, criu, uid)
+	if err != nil {
 		name, err := criuproxy.CacheName(criu, criuproxy.VersionSuffix)
 		if err != nil {
 			return err
 		}
-		b, err := askCRIUVersion(criu)
-		if err != nil {
+		if answer, err = askCRIUVersion(criu); err != nil {
 			return err
 		}
-		if err := writeFileAtomic(filepath.Join(cacheDir, name), b, 0o600); err != nil {
+		if err := writeFileAtomic(filepath.Join(cacheDir, name), answer, 0o600); err != nil {
 			return err
 		}
 	}
@@ -90,9 +110,11 @@ func setupCRIUProxy(self, criu string) error {
 		}
 	}
 	for k, v := range map[string]string{
-		criuproxy.EnvReal:     criu,
-		criuproxy.EnvCacheDir: cacheDir,
-		"PATH":                strings.Join(path, string(filepath.ListSeparator)),
+		criuproxy.EnvReal:          criu,
+		criuproxy.EnvRealID:        id,
+		criuproxy.EnvVersionAnswer: hex.EncodeToString(answer),
+		criuproxy.EnvTarReal:       tar,
+		"PATH":                     strings.Join(path, string(filepath.ListSeparator)),
 	} {
 		if err := os.Setenv(k, v); err != nil {
 			return err

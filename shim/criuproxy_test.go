@@ -1,8 +1,13 @@
 package shim
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/hex"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,14 +20,11 @@ import (
 	"github.com/lazyfork/lazyfork/internal/testutil"
 )
 
-// fakeShim lays out a shim binary's directory with the proxy (this test
-// binary linked as criu-proxy/criu, see TestMain) and returns the shim's path.
+// fakeShim lays out a shim binary's directory with the proxy (built from this
+// tree as criu-proxy/criu and criu-proxy/tar) and returns the shim's path.
 func fakeShim(t *testing.T) string {
 	t.Helper()
-	test, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	testutil.RequiresBinary(t, "gcc")
 	dir := t.TempDir()
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -31,26 +33,33 @@ func fakeShim(t *testing.T) string {
 	if err := os.Mkdir(criuProxyDir(self), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(test, filepath.Join(criuProxyDir(self), "criu")); err != nil {
+	if _, err := criuproxy.Build(criuProxyDir(self)); err != nil {
 		t.Fatal(err)
 	}
 	return self
 }
 
 // TestCRIUProxySetup: the shim caches the real CRIU's answer to a VERSION
-// request and puts the proxy first on the PATH runc inherits; go-criu (as
-// runc calls it, "criu" from PATH) then gets the real version. Off with
-// LAZYFORK_CRIU_PROXY=off, and with a proxy directory others can write.
+// request, gives it and the real CRIU's and tar's paths to the proxy, and
+// puts the proxy first on the PATH runc inherits; go-criu (as runc calls it,
+// "criu" from PATH) then gets the real version, and `tar` from PATH answers
+// CRIU's dump of an empty directory and runs the real tar for the rest. Off
+// with LAZYFORK_CRIU_PROXY=off, and with a proxy directory others can write.
 func TestCRIUProxySetup(t *testing.T) {
 	realCriu := testutil.RequiresCRIU(t)
 	if inPrivateMountNS(t, "TestCRIUProxySetup") {
 		return
 	}
 	privateRunOnDisk(t)
-	for _, k := range []string{"PATH", criuproxy.EnvReal, criuproxy.EnvCacheDir, criuProxyEnv, "LAZYFORK_CRIU_KDAT"} {
+	for _, k := range []string{"PATH", criuproxy.EnvReal, criuproxy.EnvRealID, criuproxy.EnvVersionAnswer,
+		criuproxy.EnvTarReal, criuProxyEnv, "LAZYFORK_CRIU_KDAT"} {
 		t.Setenv(k, os.Getenv(k))
 	}
 	path := os.Getenv("PATH")
+	realTar, err := exec.LookPath("tar")
+	if err != nil {
+		t.Fatal(err)
+	}
 	self := fakeShim(t)
 
 	// Off: runc's PATH stays as it was.
@@ -61,31 +70,42 @@ func TestCRIUProxySetup(t *testing.T) {
 	}
 	os.Unsetenv(criuProxyEnv)
 
-	// A proxy directory others can write is refused.
-	if err := os.Chmod(criuProxyDir(self), 0o777); err != nil {
-		t.Fatal(err)
-	}
-	if err := setupCRIUProxy(self, realCriu); err == nil || os.Getenv("PATH") != path {
-		t.Fatalf("a world-writable %s was put on PATH (%v): %s", criuProxyDir(self), err, os.Getenv("PATH"))
-	}
-	if err := os.Chmod(criuProxyDir(self), 0o755); err != nil {
-		t.Fatal(err)
+	// A proxy directory, or a proxy tar, others can write is refused.
+	for _, p := range []string{criuProxyDir(self), filepath.Join(criuProxyDir(self), "tar")} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, fi.Mode().Perm()|0o002); err != nil {
+			t.Fatal(err)
+		}
+		if err := setupCRIUProxy(self, realCriu); err == nil || os.Getenv("PATH") != path {
+			t.Fatalf("a world-writable %s was put on PATH (%v): %s", p, err, os.Getenv("PATH"))
+		}
+		if err := os.Chmod(p, fi.Mode().Perm()); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	(&kerndat{}).ensure(context.Background(), self, true)
 	if first, _, _ := strings.Cut(os.Getenv("PATH"), ":"); first != criuProxyDir(self) {
 		t.Fatalf("PATH %s: the proxy's directory %s is not first", os.Getenv("PATH"), criuProxyDir(self))
 	}
-	dir, err := criuCacheDir()
+	id, err := criuproxy.ID(realCriu)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if os.Getenv(criuproxy.EnvReal) != realCriu || os.Getenv(criuproxy.EnvCacheDir) != dir {
-		t.Fatalf("proxy environment %s=%s %s=%s, want %s and %s", criuproxy.EnvReal, os.Getenv(criuproxy.EnvReal),
-			criuproxy.EnvCacheDir, os.Getenv(criuproxy.EnvCacheDir), realCriu, dir)
+	for k, want := range map[string]string{criuproxy.EnvReal: realCriu, criuproxy.EnvRealID: id, criuproxy.EnvTarReal: realTar} {
+		if got := os.Getenv(k); got != want {
+			t.Errorf("proxy environment %s=%s, want %s", k, got, want)
+		}
 	}
 	if again, err := realCRIU(self); err != nil || again != realCriu {
 		t.Fatalf("the real CRIU with the proxy on PATH: %q %v, want %s", again, err, realCriu)
+	}
+	dir, err := criuCacheDir()
+	if err != nil {
+		t.Fatal(err)
 	}
 	cached, err := criuproxy.ReadCache(dir, realCriu, 0)
 	if err != nil {
@@ -95,6 +115,9 @@ func TestCRIUProxySetup(t *testing.T) {
 	if err := proto.Unmarshal(cached, &r); err != nil || r.GetType() != rpc.CriuReqType_VERSION || !r.GetSuccess() {
 		t.Fatalf("cached answer %v, %v", &r, err)
 	}
+	if got := os.Getenv(criuproxy.EnvVersionAnswer); got != hex.EncodeToString(cached) {
+		t.Fatalf("%s=%s, the cache holds %x", criuproxy.EnvVersionAnswer, got, cached)
+	}
 
 	direct := criu.MakeCriu()
 	direct.SetCriuPath(realCriu)
@@ -102,7 +125,11 @@ func TestCRIUProxySetup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Replace the cache with a marker: go-criu's answer comes from it.
+	if got, err := criu.MakeCriu().GetCriuVersion(); err != nil || got != want {
+		t.Fatalf("go-criu through PATH: version %d, %v; want %d", got, err, want)
+	}
+	// Replace the cache with a marker: a shim setting up from it answers
+	// go-criu with it.
 	m := proto.Clone(&r).(*rpc.CriuResp)
 	m.Version.MinorNumber = proto.Int32(r.GetVersion().GetMinorNumber() + 7)
 	b, err := proto.Marshal(m)
@@ -116,14 +143,41 @@ func TestCRIUProxySetup(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	got, err := criu.MakeCriu().GetCriuVersion()
-	if err != nil || got != want+700 {
-		t.Fatalf("go-criu through PATH: version %d, %v; want the cache's %d", got, err, want+700)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name), cached, 0o600); err != nil {
+	t.Cleanup(func() { os.WriteFile(filepath.Join(dir, name), cached, 0o600) })
+	if err := setupCRIUProxy(self, realCriu); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := criu.MakeCriu().GetCriuVersion(); err != nil || got != want {
-		t.Fatalf("go-criu through PATH: version %d, %v; want %d", got, err, want)
+	if got, err := criu.MakeCriu().GetCriuVersion(); err != nil || got != want+700 {
+		t.Fatalf("go-criu through PATH: version %d, %v; want the cache's %d", got, err, want+700)
+	}
+
+	// tar from PATH (as CRIU runs it): an empty directory is answered, the
+	// rest goes to the real tar.
+	proxyTar, err := exec.LookPath("tar")
+	if err != nil || proxyTar != filepath.Join(criuProxyDir(self), "tar") {
+		t.Fatalf("tar on PATH: %s %v, want the proxy's", proxyTar, err)
+	}
+	empty := t.TempDir()
+	f, err := os.Open(empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command("tar", "--create", "--gzip", "--no-unquote", "--no-wildcards", "--one-file-system", "--check-links",
+		"--preserve-permissions", "--sparse", "--numeric-owner", "--directory", "/proc/self/fd/0", ".")
+	cmd.Stdin = f
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := tar.NewReader(zr).Next(); err != nil || h.Name != "./" || h.Typeflag != tar.TypeDir {
+		t.Fatalf("CRIU's tar of an empty directory through PATH: %+v %v", h, err)
+	}
+	if out, err := exec.Command("tar", "--version").Output(); err != nil || !bytes.Contains(out, []byte("GNU tar")) {
+		t.Fatalf("tar --version through PATH: %v %q", err, out)
 	}
 }

@@ -64,22 +64,29 @@
 //	LAZYFORK_CRIU_KDAT   "off": no kernel-feature cache for CRIU where /run is not a
 //	                     tmpfs (kerndat.go)
 //	LAZYFORK_CRIU_PROXY  "off": runc's PATH is left alone, so runc runs CRIU twice per
-//	                     checkpoint and restore, the first time only for its version
+//	                     checkpoint and restore, the first time only for its version,
+//	                     and CRIU runs tar and gzip for every tmpfs mount it dumps
 //	                     (criuproxy.go)
 //
-// # CRIU's version check
+// # CRIU's version check and empty tmpfs dumps
 //
 // runc asks CRIU for its version before every checkpoint and restore: a
-// whole `criu swrk` run, a CRIU start-up of 4-5 ms, before the one that does
-// the work. The shim puts criu-proxy/ (beside this binary; `make build` and
-// `make install` put the proxy, cmd/lazyfork-criu-proxy, there as `criu`)
-// first on the PATH runc inherits. The proxy answers a VERSION request with
-// the real CRIU's own answer, which the shim asked for once per CRIU binary
-// and boot and keeps beside the kernel-feature cache, and executes the real
-// CRIU (the first criu on the shim's PATH outside criu-proxy/) for anything
-// else, untouched. The proxy, its directory, the real CRIU and the cache must
-// be root-owned and writable by nobody else, or the proxy stays off (or, for
-// the cache, the real CRIU answers).
+// whole `criu swrk` run, a CRIU start-up of 3-5 ms, before the one that does
+// the work. And CRIU dumps every tmpfs mount of a container with `tar
+// --create --gzip` (a tar and a gzip process, 3-6 ms, inside the container's
+// pause), although most are empty. The shim puts criu-proxy/ (beside this
+// binary; `make build` and `make install` put the proxy, a static C program,
+// cmd/lazyfork-criu-proxy/proxy.c, there as `criu` and `tar`) first on the
+// PATH runc inherits, and passes in the environment the real CRIU (the first
+// criu on the shim's PATH outside criu-proxy/), its identity (device, inode,
+// size, mtime), its own answer to a VERSION request (asked once per CRIU
+// binary and boot and kept beside the kernel-feature cache), and the real tar
+// (likewise). As `criu` the proxy answers a VERSION request with that answer
+// while the real CRIU's identity is unchanged; as `tar` it writes for CRIU's
+// dump of an empty directory the archive GNU tar would. Anything else goes to
+// the real program, untouched. The proxy, its directory, the real CRIU and
+// tar, and the cache must be root-owned and writable by nobody else, or the
+// proxy stays off (or, for the cache, the real CRIU is asked again).
 //
 // # The madvise guard
 //

@@ -11,17 +11,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfork/lazyfork/internal/criuproxy"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 )
 
 // TestMain lets the test binary stand in for the shim binary as the
-// kerndat helper (RunHook), as the shim re-executes itself, and, run as
-// `criu` (through a link of that name), for the CRIU version proxy.
+// kerndat helper (RunHook), as the shim re-executes itself.
 func TestMain(m *testing.M) {
-	if filepath.Base(os.Args[0]) == "criu" {
-		criuproxy.Main()
-	}
 	if len(os.Args) > 2 && os.Args[1] == HookArg && os.Args[2] == kerndatHelperArg {
 		os.Exit(RunHook(os.Args[2:]))
 	}

@@ -1,143 +1,74 @@
-// Package criuproxy answers runc's CRIU version checks from a cache.
+// Package criuproxy is the shim's side of the CRIU proxy: a small static C
+// program (cmd/lazyfork-criu-proxy/proxy.c) installed as `criu` and `tar` in
+// a directory of its own (criu-proxy/ beside the shim binaries), which the
+// shim puts first on the PATH of its runc calls.
 //
 // runc asks CRIU for its version before every checkpoint and restore (a whole
-// `criu swrk N` run: a CRIU start-up, 4-5 ms) and then runs `criu swrk 3` again
-// for the real request. Both find "criu" on PATH. The LazyFork shim puts a
-// directory holding this proxy, named criu, first on the PATH of its runc
-// calls. For `criu swrk N` the proxy peeks at the first request on fd N (an
-// AF_UNIX SOCK_SEQPACKET socket; nothing is consumed) and, if it is a VERSION
-// request, answers with the bytes the real CRIU answered the shim (the cache,
-// made by the shim once per CRIU binary and boot) and exits 0 as CRIU does.
-// Any other request, any other command line, a missing or untrusted cache, or
-// any error: it executes the real CRIU with the same arguments, environment
-// and file descriptors, so the worst case is today's behaviour plus one small
-// exec.
+// `criu swrk N` run: a CRIU start-up, 4-5 ms) and then runs `criu swrk 3`
+// again for the real request. For `criu swrk N` the proxy peeks at the first
+// request on fd N (nothing is consumed) and, if it is a VERSION request
+// without keep_open, answers with the bytes the real CRIU answered the shim
+// (EnvVersionAnswer) and exits 0 as CRIU does, provided the real CRIU
+// (EnvReal) still has the identity the answer came from (EnvRealID, ID): an
+// upgraded CRIU is asked again.
 //
-// The shim tells the proxy the real CRIU (EnvReal) and the cache directory
-// (EnvCacheDir). Both must be root-owned and writable by nobody else: the
-// proxy answers from a cache only then, and only if the cache's name matches
-// the real binary's identity now (CacheName: device, inode, size, mtime, and
-// the boot), so an upgraded CRIU is asked again.
+// CRIU dumps each tmpfs mount of a container with `tar --create --gzip ...`
+// (a tar and a gzip process, 4-6 ms, per mount and dump, inside the
+// container's pause), and most are empty. Run as `tar` with exactly CRIU's
+// arguments and an empty directory on standard input, the proxy writes the
+// archive GNU tar would (one "./" entry, gzipped) itself.
 //
-// This package is imported by the proxy: standard library only, so its
-// start-up stays small.
+// Anything else goes to the real program (EnvReal, EnvTarReal) with the same
+// arguments, environment and file descriptors, so the worst case is today's
+// behaviour plus one exec of a static binary (about 0.3 ms). It is C, not Go:
+// Go's runtime start-up (1.5-2 ms) on every real CRIU and tar run would eat
+// what the skipped runs save.
+//
+// Only root sets the shim's environment, so the proxy trusts it; the shim
+// checks that everything it names is root-owned and writable by nobody else
+// (TrustedPath), and keeps the real CRIU's answer across shims in a
+// root-only cache (ReadCache, CacheName).
 package criuproxy
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"strconv"
+	"runtime"
 	"strings"
 	"syscall"
 )
 
-// Environment the shim sets for its runc calls (runc and CRIU inherit it).
+// Environment the shim sets for its runc calls (runc, CRIU and tar inherit it).
 const (
 	// EnvReal is the absolute path of the real CRIU binary.
 	EnvReal = "LAZYFORK_CRIU_REAL"
-	// EnvCacheDir is the root-only directory holding the version caches.
-	EnvCacheDir = "LAZYFORK_CRIU_CACHE_DIR"
+	// EnvRealID is EnvReal's identity (ID) when its answer was taken.
+	EnvRealID = "LAZYFORK_CRIU_REAL_ID"
+	// EnvVersionAnswer is the real CRIU's answer to a VERSION request, hex.
+	EnvVersionAnswer = "LAZYFORK_CRIU_VERSION_ANSWER"
+	// EnvTarReal is the absolute path of the real tar.
+	EnvTarReal = "LAZYFORK_TAR_REAL"
 )
 
 // VersionSuffix ends the name of a version cache (CacheName).
 const VersionSuffix = ".version"
 
-// CRIU's request types and fields this package reads (images/rpc.proto:
-// criu_req_type, criu_req). The unit tests hold them to go-criu's rpc package.
-const (
-	ReqVersion = 10 // CRIU_REQ_TYPE__VERSION
-
-	fieldType     = 1 // criu_req.type
-	fieldKeepOpen = 4 // criu_req.keep_open
-)
-
-// maxRequest bounds the requests the proxy reads (CRIU's are a few KiB at most).
-const maxRequest = 1 << 20
-
-// maxCache bounds a cached answer (go-criu reads answers into 8 KiB).
+// maxCache bounds a cached answer (the proxy holds 64 KiB; go-criu reads
+// answers into 8 KiB).
 const maxCache = 64 << 10
 
-// Request is what the proxy reads of a criu_req.
-type Request struct {
-	Type     uint64 // criu_req.type
-	HasType  bool   // the message holds a type (it is required)
-	KeepOpen bool   // criu_req.keep_open: more requests follow on the socket
-}
-
-// ParseRequest decodes the top-level fields of a marshalled criu_req that the
-// proxy needs, skipping the others. Protobuf's rule holds: of a field given
-// twice, the last counts.
-func ParseRequest(b []byte) (Request, error) {
-	var r Request
-	for len(b) > 0 {
-		key, n := uvarint(b)
-		if n <= 0 {
-			return Request{}, errors.New("criu request: bad field key")
-		}
-		b = b[n:]
-		field, wire := key>>3, key&7
-		if field == 0 {
-			return Request{}, errors.New("criu request: field number 0")
-		}
-		switch wire {
-		case 0: // varint
-			v, n := uvarint(b)
-			if n <= 0 {
-				return Request{}, fmt.Errorf("criu request: bad varint in field %d", field)
-			}
-			b = b[n:]
-			switch field {
-			case fieldType:
-				r.Type, r.HasType = v, true
-			case fieldKeepOpen:
-				r.KeepOpen = v != 0
-			}
-		case 1: // 64-bit
-			if len(b) < 8 {
-				return Request{}, fmt.Errorf("criu request: field %d truncated", field)
-			}
-			b = b[8:]
-		case 2: // length-delimited
-			l, n := uvarint(b)
-			if n <= 0 || l > uint64(len(b)-n) {
-				return Request{}, fmt.Errorf("criu request: field %d truncated", field)
-			}
-			b = b[n+int(l):]
-		case 5: // 32-bit
-			if len(b) < 4 {
-				return Request{}, fmt.Errorf("criu request: field %d truncated", field)
-			}
-			b = b[4:]
-		default:
-			return Request{}, fmt.Errorf("criu request: wire type %d in field %d", wire, field)
-		}
-		if (field == fieldType || field == fieldKeepOpen) && wire != 0 {
-			return Request{}, fmt.Errorf("criu request: field %d has wire type %d", field, wire)
-		}
+// ID is the identity of the file at path as the proxy compares it:
+// "device:inode:size:mtime" (mtime in nanoseconds).
+func ID(path string) (string, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", path, err)
 	}
-	if !r.HasType {
-		return Request{}, errors.New("criu request: no type")
-	}
-	return r, nil
-}
-
-// uvarint decodes a protobuf varint: the value and its length, or n <= 0.
-func uvarint(b []byte) (v uint64, n int) {
-	for i := 0; i < len(b) && i < 10; i++ {
-		c := b[i]
-		if i == 9 && c > 1 {
-			return 0, -1
-		}
-		v |= uint64(c&0x7f) << (7 * i)
-		if c < 0x80 {
-			return v, i + 1
-		}
-	}
-	return 0, -1
+	return fmt.Sprintf("%d:%d:%d:%d", st.Dev, st.Ino, st.Size, st.Mtim.Sec*1e9+st.Mtim.Nsec), nil
 }
 
 // CacheName names a cache of the CRIU binary at path on this boot, made of the
@@ -178,12 +109,12 @@ func TrustedPath(path string, dir bool, uid uint32) error {
 	if err := syscall.Stat(path, &st); err != nil {
 		return fmt.Errorf("stat %s: %w", path, err)
 	}
-	want := uint32(syscall.S_IFREG)
+	want, kind := uint32(syscall.S_IFREG), "regular file"
 	if dir {
-		want = syscall.S_IFDIR
+		want, kind = syscall.S_IFDIR, "directory"
 	}
 	if st.Mode&syscall.S_IFMT != want {
-		return fmt.Errorf("%s: not a %s", path, map[bool]string{false: "regular file", true: "directory"}[dir])
+		return fmt.Errorf("%s: not a %s", path, kind)
 	}
 	if err := Trusted(&st, uid); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
@@ -210,186 +141,48 @@ func ReadCache(dir, criu string, uid uint32) ([]byte, error) {
 		return nil, err
 	}
 	path := filepath.Join(dir, name)
-	fd, err := openNoFollow(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, err
 	}
-	defer syscall.Close(fd)
-	if err := syscall.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("stat %s: %w", path, err)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
 	}
-	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: not a regular file", path)
 	}
-	if err := Trusted(&st, uid); err != nil {
+	if err := Trusted(fi.Sys().(*syscall.Stat_t), uid); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if st.Size <= 0 || st.Size > maxCache {
-		return nil, fmt.Errorf("%s: %d bytes", path, st.Size)
+	if fi.Size() <= 0 || fi.Size() > maxCache {
+		return nil, fmt.Errorf("%s: %d bytes", path, fi.Size())
 	}
-	b := make([]byte, st.Size)
-	n, err := readFull(fd, b)
-	if err != nil || n != len(b) {
+	b := make([]byte, fi.Size())
+	if n, err := f.Read(b); err != nil || n != len(b) {
 		return nil, fmt.Errorf("read %s: %d of %d bytes: %v", path, n, len(b), err)
 	}
 	return b, nil
 }
 
-func openNoFollow(path string) (int, error) {
-	for {
-		fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return -1, fmt.Errorf("open %s: %w", path, err)
-		}
-		return fd, nil
-	}
+// Source is the proxy's C source in this source tree (for tests).
+func Source() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "cmd", "lazyfork-criu-proxy", "proxy.c")
 }
 
-func readFull(fd int, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		m, err := syscall.Read(fd, b[n:])
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return n, err
-		}
-		if m == 0 {
-			break
-		}
-		n += m
+// Build compiles the proxy as make build does (gcc -static -O2 -s) into dir
+// as criu and links it as tar there; for tests, in this source tree.
+// flags are added (-DLAZYFORK_PROXY_TEST builds the decoder's test driver).
+func Build(dir string, flags ...string) (criu string, err error) {
+	criu = filepath.Join(dir, "criu")
+	args := append([]string{"-static", "-O2", "-s", "-Wall", "-Werror", "-o", criu}, flags...)
+	if out, err := exec.Command("gcc", append(args, Source())...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("gcc %s: %w: %s (install build-essential)", Source(), err, out)
 	}
-	return n, nil
-}
-
-// swrkFD is the socket of a `criu swrk N` command line (args as os.Args),
-// or -1 for any other command line. CRIU takes exactly `swrk <fd>`.
-func swrkFD(args []string) int {
-	if len(args) != 3 || args[1] != "swrk" {
-		return -1
+	if err := os.Link(criu, filepath.Join(dir, "tar")); err != nil {
+		return "", err
 	}
-	fd, err := strconv.Atoi(args[2])
-	if err != nil || fd < 0 || strconv.Itoa(fd) != args[2] {
-		return -1
-	}
-	return fd
-}
-
-// Serve answers a VERSION request on the socket of a `criu swrk N` command
-// line from the cache in cacheDir of the real CRIU real. It reports whether
-// it consumed the request (then the proxy exits: 0 if err is nil, as CRIU
-// does after answering); when it did not, the real CRIU must run and finds
-// the request unread.
-func Serve(args []string, real, cacheDir string, uid uint32) (served bool, err error) {
-	fd := swrkFD(args)
-	if fd < 0 || cacheDir == "" {
-		return false, nil
-	}
-	if t, err := syscall.GetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TYPE); err != nil || t != syscall.SOCK_SEQPACKET {
-		return false, nil
-	}
-	if d, err := syscall.GetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_DOMAIN); err != nil || d != syscall.AF_UNIX {
-		return false, nil
-	}
-	// The request's length, as CRIU reads it (MSG_TRUNC reports the whole).
-	n, err := recv(fd, nil, syscall.MSG_PEEK|syscall.MSG_TRUNC)
-	if err != nil || n <= 0 || n > maxRequest {
-		return false, nil
-	}
-	buf := make([]byte, n)
-	if m, err := recv(fd, buf, syscall.MSG_PEEK); err != nil || m != n {
-		return false, nil
-	}
-	req, err := ParseRequest(buf)
-	if err != nil || req.Type != ReqVersion || req.KeepOpen {
-		return false, nil
-	}
-	resp, err := ReadCache(cacheDir, real, uid)
-	if err != nil {
-		return false, nil
-	}
-	// From here on the request is ours.
-	if m, err := recv(fd, buf, syscall.MSG_TRUNC); err != nil || m != n {
-		return true, fmt.Errorf("read the version request on fd %d: %d bytes, %v", fd, m, err)
-	}
-	for {
-		m, err := syscall.Write(fd, resp)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil || m != len(resp) {
-			return true, fmt.Errorf("answer the version request on fd %d: %d of %d bytes, %v", fd, m, len(resp), err)
-		}
-		return true, nil
-	}
-}
-
-// recv is recvfrom(2) again after EINTR (Go's runtime preempts threads with
-// signals).
-func recv(fd int, b []byte, flags int) (int, error) {
-	for {
-		n, _, err := syscall.Recvfrom(fd, b, flags)
-		if err == syscall.EINTR {
-			continue
-		}
-		return n, err
-	}
-}
-
-// Real is the CRIU to run: EnvReal when it is an absolute path to a regular
-// file owned by root and writable by nobody else, and not this proxy
-// (trusted: a cache may answer for it); otherwise the first criu on PATH that
-// is not this proxy (as runc would have found without it; not trusted).
-func Real(self string) (path string, trusted bool) {
-	var me syscall.Stat_t
-	haveSelf := syscall.Stat(self, &me) == nil
-	isSelf := func(p string) bool {
-		var st syscall.Stat_t
-		return haveSelf && syscall.Stat(p, &st) == nil && st.Dev == me.Dev && st.Ino == me.Ino
-	}
-	if p := os.Getenv(EnvReal); filepath.IsAbs(p) && !isSelf(p) && TrustedPath(p, false, 0) == nil {
-		return p, true
-	}
-	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
-		if !filepath.IsAbs(dir) {
-			continue
-		}
-		p := filepath.Join(dir, "criu")
-		var st syscall.Stat_t
-		if syscall.Stat(p, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Mode&0o111 == 0 || isSelf(p) {
-			continue
-		}
-		return p, false
-	}
-	return "", false
-}
-
-// Main is the proxy's main function.
-func Main() {
-	self, err := os.Executable()
-	if err != nil {
-		self = "/proc/self/exe"
-	}
-	real, trusted := Real(self)
-	if real == "" {
-		fmt.Fprintf(os.Stderr, "lazyfork criu proxy (%s): no criu on PATH but this proxy; set %s to the real CRIU or turn the proxy off (LAZYFORK_CRIU_PROXY=off in the shim's environment)\n", self, EnvReal)
-		os.Exit(1)
-	}
-	if trusted {
-		served, err := Serve(os.Args, real, os.Getenv(EnvCacheDir), 0)
-		if served {
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "lazyfork criu proxy: %v\n", err)
-				os.Exit(1)
-			}
-			os.Exit(0)
-		}
-	}
-	err = syscall.Exec(real, os.Args, os.Environ())
-	fmt.Fprintf(os.Stderr, "lazyfork criu proxy: exec %s: %v\n", real, err)
-	os.Exit(127)
+	return criu, nil
 }

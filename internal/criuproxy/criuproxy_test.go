@@ -1,30 +1,101 @@
 package criuproxy
 
 import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
 	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// TestWireNumbers: the request type and field numbers the decoder reads are
-// go-criu's (CRIU's images/rpc.proto).
-func TestWireNumbers(t *testing.T) {
-	if ReqVersion != int(rpc.CriuReqType_VERSION) {
-		t.Errorf("ReqVersion = %d, go-criu's VERSION = %d", ReqVersion, rpc.CriuReqType_VERSION)
+// built is the proxy compiled once for this test binary: criu and tar (one
+// binary), and the decoder's test driver.
+var built struct {
+	once              sync.Once
+	criu, tar, driver string
+	err               error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.criu != "" {
+		os.RemoveAll(filepath.Dir(built.criu))
 	}
-	fields := (&rpc.CriuReq{}).ProtoReflect().Descriptor().Fields()
-	for name, want := range map[string]int{"type": fieldType, "keep_open": fieldKeepOpen} {
-		f := fields.ByName(protoreflect.Name(name))
-		if f == nil {
-			t.Fatalf("go-criu's criu_req has no field %s", name)
+	os.Exit(code)
+}
+
+// proxy returns the C proxy's criu and tar (built from this tree with gcc)
+// and its decoder's test driver; without gcc the test is skipped (failed
+// under CI=true).
+func proxy(t *testing.T) (criu, tar, driver string) {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("gcc not found: install build-essential (make deps)")
 		}
-		if int(f.Number()) != want {
-			t.Errorf("criu_req.%s is field %d in go-criu, %d here", name, f.Number(), want)
-		}
+		t.Skip("gcc not found: install build-essential (make deps)")
 	}
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "criuproxy-test-")
+		if err != nil {
+			built.err = err
+			return
+		}
+		if err := os.Chmod(dir, 0o755); err != nil {
+			built.err = err
+			return
+		}
+		if built.criu, built.err = Build(dir); built.err != nil {
+			return
+		}
+		built.tar = filepath.Join(dir, "tar")
+		drv := filepath.Join(dir, "driver")
+		if err := os.Mkdir(drv, 0o755); err != nil {
+			built.err = err
+			return
+		}
+		var d string
+		d, built.err = Build(drv, "-DLAZYFORK_PROXY_TEST")
+		built.driver = d
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.criu, built.tar, built.driver
+}
+
+// parsed is what the C decoder reads of each request: "type keep_open" (keep
+// 0 or 1) or "error".
+func parsed(t *testing.T, reqs [][]byte) []string {
+	t.Helper()
+	_, _, driver := proxy(t)
+	var in bytes.Buffer
+	for _, b := range reqs {
+		binary.Write(&in, binary.LittleEndian, uint32(len(b)))
+		in.Write(b)
+	}
+	cmd := exec.Command(driver)
+	cmd.Stdin = &in
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the decoder's driver: %v", err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	if len(lines) != len(reqs) {
+		t.Fatalf("the decoder's driver read %d of %d requests", len(lines), len(reqs))
+	}
+	return lines
 }
 
 // goCriuRequests are requests as go-criu (and so runc) marshals them.
@@ -59,54 +130,51 @@ func goCriuRequests() map[string]*rpc.CriuReq {
 	}
 }
 
-// TestParseGoCriuRequests: the decoder reads the type and keep_open of
-// go-criu's marshalled requests as protobuf does.
-func TestParseGoCriuRequests(t *testing.T) {
-	for name, req := range goCriuRequests() {
-		b, err := proto.Marshal(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := ParseRequest(b)
-		if err != nil {
-			t.Errorf("%s: %v (% x)", name, err, b)
-			continue
-		}
-		if got.Type != uint64(req.GetType()) || !got.HasType || got.KeepOpen != req.GetKeepOpen() {
-			t.Errorf("%s: parsed %+v, want type %d keep_open %v", name, got, req.GetType(), req.GetKeepOpen())
-		}
-		isVersion := got.Type == ReqVersion && !got.KeepOpen
-		if want := name == "version" || name == "version-with-opts" || name == "version-notify"; isVersion != want {
-			t.Errorf("%s: answered from the cache: %v, want %v", name, isVersion, want)
-		}
-	}
-	// Protobuf's rule: the last of a repeated scalar counts.
-	twice := append(mustMarshal(t, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()}),
-		mustMarshal(t, &rpc.CriuReq{Type: rpc.CriuReqType_RESTORE.Enum()})...)
-	var pb rpc.CriuReq
-	if err := proto.Unmarshal(twice, &pb); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := ParseRequest(twice); err != nil || got.Type != uint64(pb.GetType()) {
-		t.Errorf("VERSION then RESTORE: %+v, %v; protobuf reads %v", got, err, pb.GetType())
-	}
+// answered is whether the proxy answers a request itself.
+func answered(name string) bool {
+	return name == "version" || name == "version-with-opts" || name == "version-notify"
 }
 
-// TestParseGarbage: what is not a request is refused (the real CRIU gets it).
-func TestParseGarbage(t *testing.T) {
-	for name, b := range map[string][]byte{
-		"empty":            {},
-		"no type":          {0x20, 0x00, 0x30, 0x01}, // keep_open false, pid 1
-		"truncated varint": {0x08, 0x8a},
-		"truncated bytes":  {0x08, 0x0a, 0x12, 0x05, 0x01},
-		"group":            {0x08, 0x0a, 0x1b, 0x1c},
-		"field 0":          {0x00, 0x0a},
-		"type as bytes":    {0x0a, 0x01, 0x0a},
-		"long varint":      {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f},
-		"text":             []byte("VERSION\n"),
-	} {
-		if r, err := ParseRequest(b); err == nil {
-			t.Errorf("%s (% x): parsed as %+v", name, b, r)
+// garbage is what is no request (the real CRIU gets it).
+var garbage = map[string][]byte{
+	"empty":            {},
+	"no type":          {0x20, 0x00, 0x30, 0x01}, // keep_open false, pid 1
+	"truncated varint": {0x08, 0x8a},
+	"truncated bytes":  {0x08, 0x0a, 0x12, 0x05, 0x01},
+	"group":            {0x08, 0x0a, 0x1b, 0x1c},
+	"field 0":          {0x00, 0x0a},
+	"type as bytes":    {0x0a, 0x01, 0x0a},
+	"long varint":      {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f},
+	"text":             []byte("VERSION\n"),
+}
+
+// TestParseGoCriuRequests: the C decoder reads the type and keep_open of
+// go-criu's marshalled requests as protobuf does (the request type and field
+// numbers are go-criu's, CRIU's images/rpc.proto), and the last of a field
+// given twice.
+func TestParseGoCriuRequests(t *testing.T) {
+	var names []string
+	var reqs [][]byte
+	want := map[string]string{}
+	for name, req := range goCriuRequests() {
+		names = append(names, name)
+		reqs = append(reqs, mustMarshal(t, req))
+		want[name] = fmt.Sprintf("%d %d", req.GetType(), map[bool]int{false: 0, true: 1}[req.GetKeepOpen()])
+		if (req.GetType() == rpc.CriuReqType_VERSION && !req.GetKeepOpen()) != answered(name) {
+			t.Fatalf("%s: the test's answered() is wrong", name)
+		}
+	}
+	twice := append(mustMarshal(t, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()}),
+		mustMarshal(t, &rpc.CriuReq{Type: rpc.CriuReqType_RESTORE.Enum(), KeepOpen: proto.Bool(true)})...)
+	names, reqs = append(names, "VERSION then RESTORE"), append(reqs, twice)
+	want["VERSION then RESTORE"] = fmt.Sprintf("%d 1", rpc.CriuReqType_RESTORE)
+	for name, b := range garbage {
+		names, reqs = append(names, name), append(reqs, b)
+		want[name] = "error"
+	}
+	for i, got := range parsed(t, reqs) {
+		if got != want[names[i]] {
+			t.Errorf("%s (% x): read %q, want %q", names[i], reqs[i], got, want[names[i]])
 		}
 	}
 }
@@ -115,12 +183,13 @@ func TestParseGarbage(t *testing.T) {
 // reads them; never a VERSION protobuf does not see.
 func TestParseCorrupted(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
-	var reqs [][]byte
+	var good [][]byte
 	for _, r := range goCriuRequests() {
-		reqs = append(reqs, mustMarshal(t, r))
+		good = append(good, mustMarshal(t, r))
 	}
+	var reqs [][]byte
 	for i := 0; i < 50000; i++ {
-		b := append([]byte(nil), reqs[rng.Intn(len(reqs))]...)
+		b := append([]byte(nil), good[rng.Intn(len(good))]...)
 		for n := 1 + rng.Intn(3); n > 0 && len(b) > 0; n-- {
 			switch rng.Intn(3) {
 			case 0:
@@ -131,42 +200,139 @@ func TestParseCorrupted(t *testing.T) {
 				b = append(b, byte(rng.Intn(256)))
 			}
 		}
-		got, err := ParseRequest(b)
-		if err != nil {
+		reqs = append(reqs, b)
+	}
+	refused := 0
+	for i, got := range parsed(t, reqs) {
+		if got == "error" {
+			refused++
 			continue
 		}
+		var typ uint64
+		var keep int
+		if _, err := fmt.Sscanf(got, "%d %d", &typ, &keep); err != nil {
+			t.Fatalf("driver line %q", got)
+		}
 		var pb rpc.CriuReq
-		if perr := proto.Unmarshal(b, &pb); perr != nil {
+		if err := proto.Unmarshal(reqs[i], &pb); err != nil {
 			// Only the top level is read; a nested field protobuf refuses
 			// is CRIU's to refuse, and only matters for a VERSION.
 			continue
 		}
 		// An enum value go-criu does not know stays in pb's unknown fields.
-		if pb.Type != nil && int32(got.Type) != int32(pb.GetType()) || got.KeepOpen != pb.GetKeepOpen() {
-			t.Fatalf("% x: parsed %+v, protobuf type %d keep_open %v", b, got, pb.GetType(), pb.GetKeepOpen())
+		if pb.Type != nil && int32(typ) != int32(pb.GetType()) || (keep == 1) != pb.GetKeepOpen() {
+			t.Fatalf("% x: read %q, protobuf type %d keep_open %v", reqs[i], got, pb.GetType(), pb.GetKeepOpen())
 		}
+	}
+	t.Logf("%d of %d corrupted requests refused", refused, len(reqs))
+}
+
+// fakeCRIU writes a `criu` that reads the request on the swrk socket and
+// answers "real CRIU <the request in hex>".
+func fakeCRIU(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\nreq=$(dd bs=65536 count=1 <&3 2>/dev/null | od -An -v -tx1 | tr -d ' \\n')\nprintf 'real CRIU %s' \"$req\" >&3\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// answerEnv is the environment the shim sets: real's path and identity, and
+// answer.
+func answerEnv(t *testing.T, real string, answer []byte) []string {
+	t.Helper()
+	id, err := ID(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{EnvReal + "=" + real, EnvRealID + "=" + id, EnvVersionAnswer + "=" + hex.EncodeToString(answer)}
+}
+
+// TestProxyAnswersVersionOnly: the proxy binary, run as `criu swrk 3`,
+// answers go-criu's VERSION requests without keep_open from the environment
+// and leaves every other request, and garbage, to the real CRIU; likewise
+// when the environment's answer is not for the real CRIU as it is now, or
+// is no hex.
+func TestProxyAnswersVersionOnly(t *testing.T) {
+	criu, _, _ := proxy(t)
+	real := fakeCRIU(t)
+	marker := []byte("cached\x00answer")
+	env := answerEnv(t, real, marker)
+	for name, req := range goCriuRequests() {
+		b := mustMarshal(t, req)
+		want := "real CRIU " + hex.EncodeToString(b)
+		if answered(name) {
+			want = string(marker)
+		}
+		if got, err := swrkRaw(t, criu, env, b); err != nil || string(got) != want {
+			t.Errorf("%s: %q (%v), want %q", name, got, err, want)
+		}
+	}
+	for name, b := range garbage {
+		if name == "empty" {
+			continue // a zero-length message reads as the end of the stream
+		}
+		if got, err := swrkRaw(t, criu, env, b); err != nil || string(got) != "real CRIU "+hex.EncodeToString(b) {
+			t.Errorf("%s: %q (%v), want the real CRIU's answer", name, got, err)
+		}
+	}
+	version := mustMarshal(t, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
+	for name, e := range map[string][]string{
+		"another identity": append(env, EnvRealID+"=1:2:3:4"),
+		"odd hex":          append(env, EnvVersionAnswer+"=abc"),
+		"no hex":           append(env, EnvVersionAnswer+"=zz"),
+		"no answer":        append(env, EnvVersionAnswer+"="),
+		"no identity":      {EnvReal + "=" + real, EnvVersionAnswer + "=" + hex.EncodeToString(marker)},
+	} {
+		if got, err := swrkRaw(t, criu, e, version); err != nil || string(got) != "real CRIU "+hex.EncodeToString(version) {
+			t.Errorf("%s: %q (%v), want the real CRIU's answer", name, got, err)
+		}
+	}
+	// Another command line: the real CRIU, same arguments.
+	if err := os.WriteFile(real, []byte("#!/bin/sh\necho \"real $*\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(criu, "swrk", "3", "x")
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.Output(); err != nil || string(out) != "real swrk 3 x\n" {
+		t.Errorf("criu swrk 3 x: %q %v", out, err)
 	}
 }
 
-func TestSwrkFD(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		fd   int
-	}{
-		{[]string{"criu", "swrk", "3"}, 3},
-		{[]string{"/x/criu", "swrk", "12"}, 12},
-		{[]string{"criu", "swrk", "03"}, -1},
-		{[]string{"criu", "swrk", "-1"}, -1},
-		{[]string{"criu", "swrk"}, -1},
-		{[]string{"criu", "swrk", "3", "x"}, -1},
-		{[]string{"criu", "-v4", "swrk", "3"}, -1},
-		{[]string{"criu", "check"}, -1},
-		{[]string{"criu", "--version"}, -1},
-	} {
-		if got := swrkFD(c.args); got != c.fd {
-			t.Errorf("%q: fd %d, want %d", c.args, got, c.fd)
-		}
+// swrkRaw runs `bin swrk 3` with env added to the test's, sends req and
+// returns the answer as it came.
+func swrkRaw(t *testing.T, bin string, env []string, req []byte) ([]byte, error) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
+	cln, srv := os.NewFile(uintptr(fds[0]), "cln"), os.NewFile(uintptr(fds[1]), "srv")
+	defer cln.Close()
+	cmd := exec.Command(bin, "swrk", "3")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.ExtraFiles = []*os.File{srv}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	if _, err := cln.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	resp := make([]byte, 64<<10)
+	n, err := cln.Read(resp)
+	if err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	cln.Close()
+	if err := cmd.Wait(); err != nil {
+		return resp[:n], fmt.Errorf("%s swrk: %v: %s", bin, err, stderr.Bytes())
+	}
+	return resp[:n], nil
 }
 
 func mustMarshal(t *testing.T, m proto.Message) []byte {
