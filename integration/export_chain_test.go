@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -200,5 +201,23 @@ func plainRestore(t *testing.T, ctx context.Context, e *lfEnv, img containerd.Im
 	if err != nil {
 		t.Fatalf("plain runc restore of %s: %v", archivePath, err)
 	}
+	assertOwnCgroups(t, task.Pid(), spec.Linux.CgroupsPath)
 	return task
+}
+
+// assertOwnCgroups checks that process pid sits in cgroup path in every
+// hierarchy that names a path for it (a dump that recorded only its tasks'
+// cgroup paths puts a plain restore back into its source's cgroups).
+func assertOwnCgroups(t *testing.T, pid uint32, path string) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) == 3 && (strings.Contains(f[1], "memory") || strings.Contains(f[1], "pids") || f[1] == "") && f[2] != path {
+			t.Errorf("restored process %d is in cgroup %s (%s), want %s", pid, f[2], l, path)
+		}
+	}
 }

@@ -208,6 +208,7 @@ func TestExportImport(t *testing.T) {
 	if err != nil {
 		t.Fatalf("plain runc restore of the export: %v", err)
 	}
+	assertOwnCgroups(t, ptask.Pid(), spec.Linux.CgroupsPath)
 	pc := &counter{e: e, id: "plain", task: ptask}
 	checkContinues(t, ctx, parent, pc)
 	if line, err := workloads.Verify(ctx, ptask, pc.log()); err != nil || !strings.Contains(line, fmt.Sprintf("pages=%d writes=0", heap*256)) {

@@ -302,11 +302,13 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		withOvercommitHook(spec, s.self, r.Bundle, s.cfg.Overcommit)
 	}
 	if s.cfg.CRIUVerbosity != "" {
-		conf, err := ensureCRIUConfig(s.cfg.Root, s.cfg.CRIUVerbosity, snap != nil && s.zeroGuards.of(ctx, r.Checkpoint))
+		restoring := r.Checkpoint != ""
+		conf, err := writeCRIUConfig(r.Bundle, s.cfg.Root, s.cfg.CRIUVerbosity, snap != nil && s.zeroGuards.of(ctx, r.Checkpoint),
+			restoring && cgroupsLeftToRunc(spec))
 		if err != nil {
 			return nil, fmt.Errorf("CRIU configuration: %w", err)
 		}
-		withCRIUConfig(spec, conf)
+		withCRIUConfig(spec, conf, s.cfg.Root)
 		s.criuEnvOnce.Do(func() {
 			if err := setCRIUEnvConfig(s.cfg.Root); err != nil {
 				log.G(ctx).WithError(err).Warn("lazyfork: CRIU configuration (CRIU_CONFIG_FILE): dumps keep CRIU's iptables network lock")
@@ -413,6 +415,10 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	resp, err := s.TTRPCTaskService.Start(ctx, r)
 	if !restoring {
 		return resp, err
+	}
+	// Its dumps record its cgroups again (criuConfig).
+	if cerr := restoreDone(c.bundle); cerr != nil {
+		log.G(ctx).WithError(cerr).WithField("id", r.ID).Warn("lazyfork: CRIU configuration after the restore: its dumps may not record its cgroups")
 	}
 	log.G(ctx).WithFields(log.Fields{"id": r.ID, "restore": time.Since(t0)}).Debug("lazyfork: restored")
 	if err == nil && timedOut() {
@@ -555,6 +561,11 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
 	if err != nil {
 		return nil, err
+	}
+	// A dump that ignored cgroups would put a plain restore of it back
+	// into this container's cgroups (criuConfig).
+	if err := restoreDone(ts.Bundle); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint of %s: CRIU configuration: %w", r.ID, err))
 	}
 	// runc's shim mounts the container's rootfs at bundle/rootfs.
 	ropts := memfile.RewriteOptions{Family: st.Family, MapDir: memfile.MountPath, FileRoot: filepath.Join(ts.Bundle, "rootfs")}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -165,8 +166,8 @@ const AnnotationCRIUConfig = "org.criu.config"
 // withCRIUConfig points runc at LazyFork's CRIU configuration unless the spec
 // names one already that is not LazyFork's (a fork's spec is its parent's,
 // with the parent's LazyFork configuration, which may differ).
-func withCRIUConfig(s *specs.Spec, path string) {
-	if cur, ok := s.Annotations[AnnotationCRIUConfig]; ok && !isOurCRIUConfig(cur, filepath.Dir(path)) {
+func withCRIUConfig(s *specs.Spec, path, root string) {
+	if cur, ok := s.Annotations[AnnotationCRIUConfig]; ok && !isOurCRIUConfig(cur, root) {
 		return
 	}
 	if s.Annotations == nil {
@@ -175,46 +176,119 @@ func withCRIUConfig(s *specs.Spec, path string) {
 	s.Annotations[AnnotationCRIUConfig] = path
 }
 
-// isOurCRIUConfig reports whether path is a configuration ensureCRIUConfig
-// wrote into dir.
-func isOurCRIUConfig(path, dir string) bool {
+// isOurCRIUConfig reports whether path is a configuration LazyFork wrote: a
+// container's own (criuConfigName, in its bundle) or one an older shim
+// shared in root.
+func isOurCRIUConfig(path, root string) bool {
 	base := filepath.Base(path)
-	return filepath.Dir(path) == dir && strings.HasPrefix(base, "criu-v") && strings.HasSuffix(base, ".conf")
+	return base == criuConfigName ||
+		filepath.Dir(path) == root && strings.HasPrefix(base, "criu-v") && strings.HasSuffix(base, ".conf")
 }
 
-// ensureCRIUConfig writes LazyFork's CRIU configuration file (once; its content
-// only depends on the verbosity and freezeOnResume, which are in its name):
-// the log level, file locks dumped and restored (CRIU refuses to dump a
-// process holding one otherwise), and for freezeOnResume
-// (a restore of a zero-mode snapshot) freezeOnResumeScript as CRIU's action
-// script.
-func ensureCRIUConfig(dir, verbosity string, freezeOnResume bool) (string, error) {
-	name := "criu-v" + verbosity + "-locks"
-	if freezeOnResume {
-		name += "-freeze1"
-	}
-	p := filepath.Join(dir, name+".conf")
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
-	}
+// criuConfigName is a container's own CRIU configuration, in its bundle.
+const criuConfigName = "lazyfork-criu.conf"
+
+// criuConfig is the content of a container's CRIU configuration: the log
+// level, file locks dumped and restored (CRIU refuses to dump a process
+// holding one otherwise), for freezeScript (a restore of a zero-mode
+// snapshot) that action script, and for a restore that may leave cgroups to
+// runc, manage-cgroups=ignore.
+//
+// runc puts CRIU into the container's cgroups before a restore (and sets
+// their limits); CRIU by default then builds a cgroup yard (a tmpfs with
+// every hierarchy mounted in it: 15-25 ms of a 65 ms restore here, most of
+// it the cgroup2 mount) to move the restored tasks into the sub-cgroups the
+// dump recorded. A container whose tasks cannot have made sub-cgroups
+// (cgroupsLeftToRunc) has none to restore, and its tasks inherit CRIU's,
+// which are the fork's own. Only restores ignore cgroups: a dump in that mode
+// records the tasks' cgroup paths without its hierarchies, and a plain runc
+// restore of it (an export) would put the tasks back into the parent's
+// cgroups. So the container's file says ignore only until its restore is
+// done (restoreDone rewrites it).
+func criuConfig(verbosity, freezeScript string, ignoreCgroups bool) string {
 	conf := "# LazyFork: CRIU restores inside the fork's memory cgroup; a debug log\n" +
 		"# there is page cache charged to every fork. Errors are still logged.\n" +
 		"verbosity=" + verbosity + "\n" +
 		"# A process holding file locks (SQLite, flock users) is dumped with them;\n" +
 		"# each copy takes them again on its own copy of the files.\n" +
 		"file-locks\n"
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	if freezeOnResume {
-		script := filepath.Join(dir, "criu-freeze-on-resume1.sh")
-		if err := writeFileAtomic(script, []byte(freezeOnResumeScript), 0o755); err != nil {
-			return "", err
-		}
+	if freezeScript != "" {
 		conf += "# A zero-mode madvise guard: frozen until its supervisor attaches.\n" +
-			"action-script " + script + "\n"
+			"action-script " + freezeScript + "\n"
 	}
-	return p, writeFileAtomic(p, []byte(conf), 0o644)
+	if ignoreCgroups {
+		conf += "# This restore only: runc made the fork's cgroups and put CRIU in them\n" +
+			"# (see shim/spec.go, criuConfig).\n" +
+			"manage-cgroups=ignore\n"
+	}
+	return conf
+}
+
+// writeCRIUConfig writes a container's CRIU configuration into its bundle
+// and returns its path. freezeOnResume writes the zero-mode action script
+// into root (once) and names it.
+func writeCRIUConfig(bundle, root, verbosity string, freezeOnResume, ignoreCgroups bool) (string, error) {
+	script := ""
+	if freezeOnResume {
+		script = filepath.Join(root, "criu-freeze-on-resume1.sh")
+		if _, err := os.Stat(script); err != nil {
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				return "", err
+			}
+			if err := writeFileAtomic(script, []byte(freezeOnResumeScript), 0o755); err != nil {
+				return "", err
+			}
+		}
+	}
+	p := filepath.Join(bundle, criuConfigName)
+	return p, writeFileAtomic(p, []byte(criuConfig(verbosity, script, ignoreCgroups)), 0o644)
+}
+
+// restoreDone puts back a restored container's CRIU configuration for its
+// dumps (cgroups managed), if its restore ignored them.
+func restoreDone(bundle string) error {
+	p := filepath.Join(bundle, criuConfigName)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	conf := string(b)
+	i := strings.Index(conf, "# This restore only:")
+	if i < 0 {
+		return nil
+	}
+	return writeFileAtomic(p, []byte(conf[:i]), 0o644)
+}
+
+// cgroupsLeftToRunc reports whether a restore of a container with spec s may
+// leave cgroups to runc (criuConfig): its processes cannot have made cgroups
+// of their own, so all of them sit in the container's, which runc makes. It
+// is so when the container has no cgroup namespace (whose restore needs
+// CRIU's cgroup handling) and cannot write to any cgroup hierarchy: no
+// CAP_SYS_ADMIN (which could mount one) and every cgroup mount read-only.
+func cgroupsLeftToRunc(s *specs.Spec) bool {
+	if s.Linux == nil {
+		return false
+	}
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.CgroupNamespace {
+			return false
+		}
+	}
+	if s.Process == nil || s.Process.Capabilities == nil || slices.Contains(s.Process.Capabilities.Bounding, "CAP_SYS_ADMIN") {
+		return false
+	}
+	for _, m := range s.Mounts {
+		if m.Type == "cgroup" || m.Type == "cgroup2" {
+			if !slices.Contains(m.Options, "ro") {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // criuEnvConfig is CRIU's configuration for every run a LazyFork shim makes

@@ -171,7 +171,9 @@ func criuMarks(b []byte) (marks map[string]time.Duration, end time.Duration, kda
 		switch {
 		case strings.Contains(line, "Loaded kdat cache"):
 			kdat = "loaded"
-		case strings.Contains(line, "cg: Preparing cgroups yard"):
+		case strings.Contains(line, "cg: Preparing cgroups yard"), strings.Contains(line, "cg: cgroud: Daemon started"):
+			// The yard only where CRIU manages cgroups (LazyFork's
+			// configuration has it ignore them); the daemon either way.
 			set("probed")
 		case strings.Contains(line, "mnt: Restoring mount namespace"):
 			set("ns")
