@@ -239,6 +239,11 @@ func (c *Client) thawParent(ctx context.Context, rec *opRecord, dry bool) (bool,
 // before GC removes it.
 const OrphanAge = time.Minute
 
+// UnclaimedAge is how old a snapshot directory marked node.UnclaimedOp must
+// be before lazyfork gc takes it: it counts from the last step of its making
+// (the shim renews the directory's time after a long unpack).
+const UnclaimedAge = 10 * time.Minute
+
 // GC is Reconcile, then a sweep for orphans no record names: snapshot
 // directories a Fork made (they hold its op marker) that no live operation
 // and no container label (api.LabelSnapshot, api.LabelStopped, in any namespace)
@@ -316,7 +321,11 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 		if d.Op == "" {
 			continue // not a Fork's, or kept: owned elsewhere
 		}
-		if live[d.Op] || used[d.Dir] || record[d.Op] || time.Since(d.ModTime) < OrphanAge {
+		age := OrphanAge
+		if d.Op == node.UnclaimedOp {
+			age = UnclaimedAge
+		}
+		if live[d.Op] || used[d.Dir] || record[d.Op] || time.Since(d.ModTime) < age {
 			continue
 		}
 		if !dry {

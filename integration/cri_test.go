@@ -267,7 +267,7 @@ func (c *criEnv) gcKeepsClaimed(t *testing.T, ctx context.Context, snapshots str
 		t.Fatalf("snapshot directories of the fork: %v %v, want one", ents, err)
 	}
 	dir := filepath.Join(snapshots, ents[0].Name())
-	old := time.Now().Add(-2 * lfclient.OrphanAge)
+	old := time.Now().Add(-2 * max(lfclient.OrphanAge, lfclient.UnclaimedAge))
 	if err := os.Chtimes(dir, old, old); err != nil {
 		t.Fatal(err)
 	}

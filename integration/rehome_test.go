@@ -331,6 +331,39 @@ func TestRehomeHelperKilled(t *testing.T) {
 	}
 }
 
+// TestRehomeHelperHangs: a move's helper that hangs with part of the tree
+// moved is killed after the restore timeout; the fork goes on from the
+// parent as it stands, and the parent runs on, its heap whole.
+func TestRehomeHelperHangs(t *testing.T) {
+	e := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_FAILPOINT=hang-mid-move", "LAZYFORK_RESTORE_TIMEOUT=3s"}})
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := e.startCounter(t, ctx, img, "hang-"+lfRandom(3), 64)
+	res, err := e.lfClient().Fork(ctx, parent.id, 1, e.logIO())
+	if err != nil {
+		t.Fatalf("fork with the move's helper hanging: %v", err)
+	}
+	f := e.forks(res)[0]
+	checkContinues(t, ctx, parent, f)
+	if v := f.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
+		t.Errorf("fork: %q", v)
+	}
+	st, err := parent.task.Status(ctx)
+	if err != nil || st.Status != containerd.Running {
+		t.Fatalf("parent: %v %v", st.Status, err)
+	}
+	parent.waitLine(t, ctx, len(parent.lines(t)), "tick ")
+	if v := parent.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
+		t.Errorf("parent: %q", v)
+	}
+	if l := e.Log(); !strings.Contains(l, "did not finish within 3s") {
+		t.Errorf("the shim did not report the killed helper: %q", grepLines(l, "memory file"))
+	}
+}
+
 // TestRehomeFreesReplacedPages: a moved parent that writes new pages moves
 // them onto each snapshot's new file; the older file's copies of those pages
 // are then read by nobody once the forks and snapshots that held it are gone,

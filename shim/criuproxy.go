@@ -51,12 +51,15 @@ func realCRIU(self string) (string, error) {
 // directory; hint says what to do when there is none.
 func lookPathBut(self, name, hint string) (string, error) {
 	skip := criuProxyDir(self)
+	// Not the proxy itself under another path either: it would execute
+	// itself for ever.
+	proxy, _ := os.Stat(filepath.Join(skip, name))
 	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
 		if !filepath.IsAbs(dir) || filepath.Clean(dir) == skip {
 			continue
 		}
 		p := filepath.Join(dir, name)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 && (proxy == nil || !os.SameFile(fi, proxy)) {
 			return p, nil
 		}
 	}
@@ -109,14 +112,16 @@ func setupCRIUProxy(self, criu string) error {
 			path = append(path, d)
 		}
 	}
-	for k, v := range map[string]string{
-		criuproxy.EnvReal:          criu,
-		criuproxy.EnvRealID:        id,
-		criuproxy.EnvVersionAnswer: hex.EncodeToString(answer),
-		criuproxy.EnvTarReal:       tar,
-		"PATH":                     strings.Join(path, string(filepath.ListSeparator)),
+	// PATH last: a runc started meanwhile finds the proxy only once the
+	// proxy has what it reads.
+	for _, kv := range [][2]string{
+		{criuproxy.EnvReal, criu},
+		{criuproxy.EnvRealID, id},
+		{criuproxy.EnvVersionAnswer, hex.EncodeToString(answer)},
+		{criuproxy.EnvTarReal, tar},
+		{"PATH", strings.Join(path, string(filepath.ListSeparator))},
 	} {
-		if err := os.Setenv(k, v); err != nil {
+		if err := os.Setenv(kv[0], kv[1]); err != nil {
 			return err
 		}
 	}

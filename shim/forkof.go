@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/archive"
@@ -98,6 +99,12 @@ func resolveForkOf(cfg Config, ns, id, ref string) (dir, unpacked string, retErr
 	}
 	if err := unpackCheckpoint(ref, image); err != nil {
 		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s: %w", api.AnnotationForkOf, ref, err)
+	}
+	// lazyfork gc's UnclaimedAge counts from here, not from before the
+	// unpack.
+	now := time.Now()
+	if err := os.Chtimes(top, now, now); err != nil {
+		return "", "", err
 	}
 	if _, err := memfile.ReadSnapshot(image); err != nil {
 		return "", "", fmt.Errorf("annotation %s: checkpoint archive %s holds no LazyFork snapshot: if it is a standard archive (lazyfork export, or a checkpoint taken under another runtime), import it with `lazyfork -n k8s.io import FILE` and name the imported snapshot in %s: %w", api.AnnotationForkOf, ref, api.AnnotationForkOf, err)

@@ -15,6 +15,7 @@ import (
 // from those stops into the freezer, and none runs a guarded call untraced
 // (madvguard.Supervisor.Hold).
 func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
+	defer s.trim.begin()() // a checkpoint follows: no tight memory limit now
 	s.mu.Lock()
 	delete(s.thawed, r.ID)
 	s.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/sys/reaper"
@@ -59,12 +60,13 @@ func (s *Service) rehomeEnabled(st *containerState, mode madvguard.Mode, guard b
 // a fork. The container then holds its heap once, in the page cache shared
 // with its forks, and its next dump holds only the pages it wrote since.
 //
-// The work runs in a helper process (this binary, "rehome"): the shim's
-// reaper waits for any child and would take the ptrace stops of the
-// container's processes, which are the shim's children. The helper is put
-// into the container's memory cgroup before it copies, so the file's pages
-// are charged to the container whose memory they hold; chunks bound what the
-// container holds twice during the move.
+// The work runs in a helper process (lazyfork-rehome beside the shim, or
+// this binary where it is missing): the shim's reaper waits for any child and
+// would take the ptrace stops of the container's processes, which are the
+// shim's children. The helper is put into the container's memory cgroup
+// (cgroup v1; on v2 that cgroup is the frozen one) before it copies, so the
+// file's pages are charged to the container whose memory they hold; chunks
+// bound what the container holds twice during the move.
 //
 // A failure before the first chunk is mapped leaves the container as it was;
 // after that, each chunk is either moved or left as it was, never lost, and
@@ -214,17 +216,34 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehel
 	if err != nil {
 		return nil, fmt.Errorf("start the rehome helper: %w", err)
 	}
+	// A helper that hangs would keep the container frozen: it is killed
+	// (its tracees go free) after the restore timeout, and the move fails.
+	var killed atomic.Bool
+	timer := time.AfterFunc(s.cfg.RestoreTimeout, func() {
+		killed.Store(true)
+		_ = cmd.Process.Kill()
+	})
 	// The request goes first, so that the helper starts, seizes and plans
-	// while it is moved into the container's memory cgroup (a cgroup v1
-	// migration waits for an RCU grace period: 2-15 ms here). It copies
-	// only once its stdin closes, so what it writes is charged there.
+	// while the shim moves it into the container's memory cgroup. It copies
+	// only once its stdin closes, so what it writes is charged there, and it
+	// waits for that before it exits (its pid is not reused meanwhile).
 	werr := json.NewEncoder(stdin).Encode(req)
-	if err := joinMemoryCgroup(initPID, cmd.Process.Pid); err != nil {
+	if mem, err := memoryCgroupDir(initPID); err == nil && mem == req.Freezer {
+		// Cgroup v2: the memory cgroup is the frozen one, and a process
+		// moved into a frozen cgroup freezes. The processes' own writes
+		// are charged to it anyway; what the helper copies itself (runs
+		// of under 16 pages) is charged to the shim.
+		log.G(ctx).Debug("lazyfork: rehome helper stays in the shim's cgroup (cgroup v2: the container's is frozen)")
+	} else if err := joinMemoryCgroup(initPID, cmd.Process.Pid); err != nil {
 		log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the file is charged to the shim)")
 	}
 	req.ChargedTo = memoryCgroupOf(cmd.Process.Pid)
 	stdin.Close()
 	code, err := reaper.Default.Wait(cmd, ec)
+	timer.Stop()
+	if killed.Load() {
+		return nil, fmt.Errorf("rehome helper did not finish within %s (LAZYFORK_RESTORE_TIMEOUT) and was killed: %w", s.cfg.RestoreTimeout, context.DeadlineExceeded)
+	}
 	if werr != nil || err != nil || code != 0 {
 		return nil, fmt.Errorf("rehome helper: exit %d: %v %v: %s", code, werr, err, strings.TrimSpace(stderr.String()))
 	}

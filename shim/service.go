@@ -302,9 +302,11 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		withOvercommitHook(spec, s.self, r.Bundle, s.cfg.Overcommit)
 	}
 	if s.cfg.CRIUVerbosity != "" {
-		restoring := r.Checkpoint != ""
+		// Only a LazyFork snapshot's restore leaves cgroups to runc: a plain
+		// CRIU image is restored as runc would (Start puts the line back
+		// out for a snapshot; Checkpoint checks before every dump).
 		conf, err := writeCRIUConfig(r.Bundle, s.cfg.Root, s.cfg.CRIUVerbosity, snap != nil && s.zeroGuards.of(ctx, r.Checkpoint),
-			restoring && cgroupsLeftToRunc(spec))
+			snap != nil && cgroupsLeftToRunc(spec))
 		if err != nil {
 			return nil, fmt.Errorf("CRIU configuration: %w", err)
 		}
@@ -598,7 +600,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	// it wrote since (the delta path of a fork of a fork).
 	var tMove time.Duration
 	// What the move replaced is freed once the task runs again (or the
-	// checkpoint failed), overlapping the rewrite; Checkpoint returns after.
+	// checkpoint failed), off the pause; Checkpoint returns after. (It
+	// holds the family's lock, as the rewrite's new file and commit do, so
+	// the two mostly take turns.)
 	var replaced []memfile.FileRange
 	freeReplaced := sync.OnceValue(func() chan struct{} {
 		done := make(chan struct{})

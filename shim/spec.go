@@ -268,7 +268,11 @@ func restoreDone(bundle string) error {
 // of their own, so all of them sit in the container's, which runc makes. It
 // is so when the container has no cgroup namespace (whose restore needs
 // CRIU's cgroup handling) and cannot write to any cgroup hierarchy: no
-// CAP_SYS_ADMIN (which could mount one) and every cgroup mount read-only.
+// CAP_SYS_ADMIN (which could mount one) and every cgroup mount, or bind of
+// the host's cgroupfs, read-only. (Not covered: a process exec'd into the
+// container with more capabilities than its init, and a nested user
+// namespace mounting a cgroupfs of its own; their sub-cgroups would be
+// flattened into the fork's cgroup.)
 func cgroupsLeftToRunc(s *specs.Spec) bool {
 	if s.Linux == nil {
 		return false
@@ -282,13 +286,20 @@ func cgroupsLeftToRunc(s *specs.Spec) bool {
 		return false
 	}
 	for _, m := range s.Mounts {
-		if m.Type == "cgroup" || m.Type == "cgroup2" {
-			if !slices.Contains(m.Options, "ro") {
-				return false
-			}
+		cg := m.Type == "cgroup" || m.Type == "cgroup2" ||
+			underCgroupfs(m.Source) || underCgroupfs(m.Destination)
+		if cg && !slices.Contains(m.Options, "ro") {
+			return false
 		}
 	}
 	return true
+}
+
+// underCgroupfs reports whether path is the host's cgroup mount point or
+// under it (a bind of it into a container, as monitoring agents have).
+func underCgroupfs(path string) bool {
+	p := filepath.Clean(path)
+	return p == cgroupRoot || strings.HasPrefix(p, cgroupRoot+"/")
 }
 
 // criuEnvConfig is CRIU's configuration for every run a LazyFork shim makes

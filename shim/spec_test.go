@@ -73,6 +73,11 @@ func TestCgroupsLeftToRunc(t *testing.T) {
 	if !cgroupsLeftToRunc(containerdSpec()) {
 		t.Errorf("containerd's default spec: cgroups not left to runc")
 	}
+	ro := containerdSpec()
+	ro.Mounts = append(ro.Mounts, specs.Mount{Destination: "/host/cgroup", Type: "bind", Source: "/sys/fs/cgroup", Options: []string{"rbind", "ro"}})
+	if !cgroupsLeftToRunc(ro) {
+		t.Errorf("a read-only bind of the host's cgroupfs: cgroups not left to runc")
+	}
 	for name, change := range map[string]func(*specs.Spec){
 		"cgroup namespace": func(s *specs.Spec) {
 			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace})
@@ -84,7 +89,10 @@ func TestCgroupsLeftToRunc(t *testing.T) {
 		"writable cgroup2": func(s *specs.Spec) {
 			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/sys/fs/cgroup/unified", Type: "cgroup2"})
 		},
-		"no capabilities":  func(s *specs.Spec) { s.Process.Capabilities = nil },
+		"no capabilities": func(s *specs.Spec) { s.Process.Capabilities = nil },
+		"bind of the host's cgroupfs": func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/host/cgroup", Type: "bind", Source: "/sys/fs/cgroup", Options: []string{"rbind"}})
+		},
 		"no linux section": func(s *specs.Spec) { s.Linux = nil },
 	} {
 		s := containerdSpec()

@@ -137,13 +137,9 @@ func (c Config) checkForkOfPath(ref string) error {
 // it. A shim or lazyfork-snapshotter that dies in between leaves GC's work,
 // never an owner-less snapshot.
 
-// unclaimedOp is what markUnclaimed's marker names: an operation that has
-// no record, so never a live one.
-const unclaimedOp = "fork-of-unclaimed"
-
 // markUnclaimed marks snapshot directory dir unclaimed.
 func markUnclaimed(dir string) error {
-	return os.WriteFile(filepath.Join(dir, node.OpMarker), []byte(unclaimedOp+"\n"), 0o600)
+	return os.WriteFile(filepath.Join(dir, node.OpMarker), []byte(node.UnclaimedOp+"\n"), 0o600)
 }
 
 // claimSnapshot claims the fork-of snapshot directory dir ("" for none) for

@@ -134,12 +134,18 @@ static int write_all(int fd, const void *p, size_t n)
 static void exec_real(const char *env, const char *name, char **argv)
 {
 	const char *real = getenv(env);
+	struct stat me, st;
 	if (real && *real) {
+		if (stat(real, &st) == 0 && stat("/proc/self/exe", &me) == 0 &&
+		    st.st_dev == me.st_dev && st.st_ino == me.st_ino) {
+			fprintf(stderr, "lazyfork criu proxy: %s (%s) is this proxy, not the real %s; "
+				"reinstall (make install) or turn the proxy off (LAZYFORK_CRIU_PROXY=off)\n", real, env, name);
+			exit(127);
+		}
 		execv(real, argv);
 		fprintf(stderr, "lazyfork criu proxy: exec %s (%s): %s\n", real, env, strerror(errno));
 		exit(127);
 	}
-	struct stat me, st;
 	const char *path = getenv("PATH");
 	if (stat("/proc/self/exe", &me) == 0 && path) {
 		char p[4096];
@@ -250,23 +256,26 @@ static uint32_t crc32(const unsigned char *p, size_t n)
 	return ~c;
 }
 
-/* The archive GNU tar writes of an empty directory, gzipped: header, a
- * stored deflate block of a "./" entry and the two end-of-archive blocks,
- * trailer. 0 if fd 0 is no empty directory or an attribute does not fit. */
+/* The archive of an empty directory, gzipped: header, a stored deflate
+ * block of a "./" entry as GNU tar writes it and the two end-of-archive
+ * blocks (GNU tar pads to a 10240-byte record; tar reads either), trailer.
+ * 0 if fd 0 is no empty directory or an attribute does not fit. */
 static int tar_answer(void)
 {
 	static unsigned char gz[10 + 5 + 3 * 512 + 8];
 	unsigned char *t = gz + 15;
 	struct stat st;
-	char dents[1024];
+	char dents[1024] __attribute__((aligned(8)));
 	long n;
 	if (fstat(0, &st) || !S_ISDIR(st.st_mode) || lseek(0, 0, SEEK_SET) != 0)
 		return 0;
 	while ((n = getdents64(0, dents, sizeof dents)) > 0)
 		for (long off = 0; off < n; off += ((struct dirent64 *)(dents + off))->d_reclen) {
 			const char *d = ((struct dirent64 *)(dents + off))->d_name;
-			if (strcmp(d, ".") && strcmp(d, ".."))
+			if (strcmp(d, ".") && strcmp(d, "..")) {
+				lseek(0, 0, SEEK_SET); /* for the real tar, as it was */
 				return 0;
+			}
 		}
 	if (n < 0 || lseek(0, 0, SEEK_SET) != 0 || fstat(0, &st))
 		return 0;

@@ -69,6 +69,9 @@ func Run(stdin io.Reader, stdout io.Writer) error {
 	// memory cgroup.
 	joined := sync.OnceFunc(func() { io.Copy(io.Discard, io.MultiReader(dec.Buffered(), stdin)) })
 	reply := moveAll(&req, joined)
+	// Not before the shim is done with this process's pid, even when
+	// nothing moved.
+	joined()
 	return json.NewEncoder(stdout).Encode(reply)
 }
 
@@ -117,9 +120,13 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			continue
 		}
 		joined()
-		if os.Getenv("LAZYFORK_REHOME_FAILPOINT") == "die-mid-move" && len(vmas) > 1 {
-			// Tests: the helper killed with part of the tree moved.
+		if fp := os.Getenv("LAZYFORK_REHOME_FAILPOINT"); (fp == "die-mid-move" || fp == "hang-mid-move") && len(vmas) > 1 {
+			// Tests: the helper killed, or hanging, with part of the tree
+			// moved.
 			tr.MoveFile(pid, f, req.Inside, vmas[:1], req.Chunk)
+			for fp == "hang-mid-move" {
+				time.Sleep(time.Hour)
+			}
 			unix.Kill(os.Getpid(), unix.SIGKILL)
 		}
 		t2 := time.Now()
