@@ -58,7 +58,7 @@
 //	                     a container's lazyfork.io/madvise annotation wins.
 //	LAZYFORK_ARCHIVE_DIRS  colon-separated directories lazyfork.io/fork-of may name
 //	                     archives in (default /var/lib/kubelet/checkpoints)
-//	LAZYFORK_RESTORE_TIMEOUT  bound of one restore (default 2m)
+//	LAZYFORK_RESTORE_TIMEOUT  bound of one restore, and of one move's helper (default 2m)
 //	LAZYFORK_REHOME      "on" (default) or "off": move containers onto their memory
 //	                     files at checkpoint (lazyfork.io/rehome=false opts one out)
 //	LAZYFORK_CRIU_KDAT   "off": no kernel-feature cache for CRIU where /run is not a
