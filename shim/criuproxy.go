@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -160,7 +161,7 @@ func askCRIUVersion(criu string) ([]byte, error) {
 		n, err = cln.Read(resp) // a killed CRIU closes its end: EOF
 	}
 	cln.Close()
-	if werr := cmd.Wait(); werr != nil {
+	if werr := cmd.Wait(); werr != nil && !reapedElsewhere(werr) {
 		err = errors.Join(err, werr)
 	}
 	if err != nil {
@@ -176,3 +177,8 @@ func askCRIUVersion(criu string) ([]byte, error) {
 	}
 	return resp, nil
 }
+
+// reapedElsewhere reports whether a wait for a child failed because the
+// shim's reaper (containerd's, which waits for any child on SIGCHLD) took
+// its exit first: the child ran; what it answered is checked instead.
+func reapedElsewhere(err error) bool { return errors.Is(err, syscall.ECHILD) }

@@ -284,7 +284,7 @@ func makeKerndat(self string) ([]byte, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Run(); err != nil && !reapedElsewhere(err) {
 		return nil, fmt.Errorf("make CRIU's kernel-feature cache: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	b := out.Bytes()
