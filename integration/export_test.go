@@ -3,7 +3,6 @@ package integration
 import (
 	"archive/tar"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,12 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/containerd/containerd/v2/pkg/archive"
-	"github.com/containerd/containerd/v2/pkg/archive/compression"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/lazyfork/lazyfork/api"
 	lfclient "github.com/lazyfork/lazyfork/client"
@@ -165,50 +158,9 @@ func TestExportImport(t *testing.T) {
 
 	// A plain runc restore (containerd's runc shim, no LazyFork) continues
 	// the count with the whole heap, from ordinary anonymous memory.
+	ptask := plainRestore(t, ctx, e, img, "overlayfs", out, "plain") // checks its cgroups too
 	unpacked := t.TempDir()
 	untar(t, out, unpacked)
-	var spec specs.Spec
-	if b, err := os.ReadFile(filepath.Join(unpacked, "spec.dump")); err != nil {
-		t.Fatal(err)
-	} else if err := json.Unmarshal(b, &spec); err != nil {
-		t.Fatal(err)
-	}
-	spec.Linux.CgroupsPath = e.CgroupPath("plain")
-	plain, err := e.Client().NewContainer(ctx, "plain",
-		containerd.WithImage(img),
-		containerd.WithSnapshotter("overlayfs"),
-		containerd.WithNewSnapshot("plain", img),
-		containerd.WithSpec(&spec),
-		containerd.WithRuntime("io.containerd.runc.v2", e.RuntimeOptions()),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mounts, err := e.Client().SnapshotService("overlayfs").Mounts(ctx, "plain")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mount.WithTempMount(ctx, mounts, func(root string) error {
-		f, err := os.Open(filepath.Join(unpacked, "rootfs-diff.tar"))
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		layer, err := compression.DecompressStream(f)
-		if err != nil {
-			return err
-		}
-		defer layer.Close()
-		_, err = archive.Apply(ctx, root, layer)
-		return err
-	}); err != nil {
-		t.Fatalf("apply rootfs-diff.tar: %v", err)
-	}
-	ptask, err := e.StartTask(ctx, plain, containerd.WithRestoreImagePath(filepath.Join(unpacked, "checkpoint")))
-	if err != nil {
-		t.Fatalf("plain runc restore of the export: %v", err)
-	}
-	assertOwnCgroups(t, ptask.Pid(), spec.Linux.CgroupsPath)
 	pc := &counter{e: e, id: "plain", task: ptask}
 	checkContinues(t, ctx, parent, pc)
 	if line, err := workloads.Verify(ctx, ptask, pc.log()); err != nil || !strings.Contains(line, fmt.Sprintf("pages=%d writes=0", heap*256)) {
