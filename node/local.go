@@ -33,12 +33,6 @@ import (
 // succeeds. A directory holding it whose operation is over is an orphan.
 const OpMarker = "op"
 
-// UnclaimedOp is what the marker of a snapshot made for a container that
-// has yet to claim it names (a pod's fork-of archive the shim unpacks): an
-// operation with no record, so never a live one; lazyfork gc gives it
-// UnclaimedAge rather than its usual orphan age, as an unpack may be long.
-const UnclaimedOp = "fork-of-unclaimed"
-
 // Local is a Node on the files of a root on this host.
 type Local struct {
 	root api.Root

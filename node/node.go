@@ -161,3 +161,9 @@ func ParentLock(ns, id string) string { return "parent:" + ns + "/" + id }
 
 // OpLock is the lock operation id holds while it runs.
 func OpLock(id string) string { return "op:" + id }
+
+// UnclaimedOp is what the marker of a snapshot made for a container that
+// has yet to claim it names (a pod's fork-of archive the shim unpacks): an
+// operation with no record, so never a live one; lazyfork gc gives it
+// client.UnclaimedAge rather than its usual orphan age, as an unpack may be long.
+const UnclaimedOp = "fork-of-unclaimed"
