@@ -72,6 +72,7 @@ type results struct {
 	calls  []call
 	plain  map[int][]plainRun
 	first  map[int][]time.Duration // first snapshots of fresh parents (bench.firstSnapshot)
+	failed []string                // fork calls whose fork failed to restore (the series went on)
 	totals []total
 }
 
@@ -209,6 +210,12 @@ func (r *results) totalsTable() *report.Table {
 func (r *results) targets(w io.Writer, cfg config) {
 	for _, mode := range []string{modeMove, modeMoveRun} {
 		r.targetsOf(w, cfg, mode)
+	}
+	if len(r.failed) > 0 {
+		fmt.Fprintf(w, "\n%d fork calls failed to restore their fork (left out of the figures above; the parent ran on):\n", len(r.failed))
+		for _, f := range r.failed {
+			fmt.Fprintf(w, "  %s\n", f)
+		}
 	}
 }
 
