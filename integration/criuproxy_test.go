@@ -58,15 +58,8 @@ func newCriuSpy(t *testing.T) *criuSpy {
 // swrkRuns is how many `criu swrk` runs (runc's, go-criu's) the log holds.
 func (s *criuSpy) swrkRuns(t *testing.T) int {
 	t.Helper()
-	b, err := os.ReadFile(s.log)
-	if os.IsNotExist(err) {
-		return 0
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range strings.Split(spyLog(t, s.log), "\n") {
 		if strings.HasPrefix(l, "swrk ") {
 			n++
 		}
@@ -83,15 +76,7 @@ func (s *criuSpy) reset(t *testing.T) {
 
 // creates is how many `tar --create` runs (CRIU's tmpfs dumps) the log holds.
 func (s *tarSpy) creates(t *testing.T) int {
-	t.Helper()
-	b, err := os.ReadFile(s.log)
-	if os.IsNotExist(err) {
-		return 0
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Count(string(b), "--create")
+	return strings.Count(spyLog(t, s.log), "--create")
 }
 
 // TestForkRestoreRunsCRIUOnce: with the CRIU proxy (bin/criu-proxy), runc's

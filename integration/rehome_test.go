@@ -299,18 +299,34 @@ func TestRehomeMemoryLimit(t *testing.T) {
 // tree moved. The parent runs on, each part moved or as it was, its memory
 // verifies, and it forks now and again later (issue 11, point 5).
 func TestRehomeHelperKilled(t *testing.T) {
-	e := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_FAILPOINT=die-mid-move"}})
+	forkPastFailedMove(t, []string{"LAZYFORK_REHOME_FAILPOINT=die-mid-move"}, 2, "move onto memory file incomplete")
+}
+
+// TestRehomeHelperHangs: a move's helper that hangs with part of the tree
+// moved is killed after the restore timeout; the fork goes on from the
+// parent as it stands, and the parent runs on, its heap whole.
+func TestRehomeHelperHangs(t *testing.T) {
+	forkPastFailedMove(t, []string{"LAZYFORK_REHOME_FAILPOINT=hang-mid-move", "LAZYFORK_RESTORE_TIMEOUT=3s"}, 1, "did not finish within 3s")
+}
+
+// forkPastFailedMove forks a 64 MiB counter calls times on a stack whose
+// move helper fails as env makes it: each fork continues the count with its
+// whole heap, the parent runs on with its heap whole, and the shim's log
+// says what failed (logged).
+func forkPastFailedMove(t *testing.T, env []string, calls int, logged string) {
+	t.Helper()
+	e := startLF(t, harness.Options{Env: env})
 	ctx := e.ctx(t)
 	img, err := e.ImportImage(ctx, "python")
 	if err != nil {
 		t.Fatal(err)
 	}
 	lf := e.lfClient()
-	parent := e.startCounter(t, ctx, img, "kill-"+lfRandom(3), 64)
-	for i := 1; i <= 2; i++ {
+	parent := e.startCounter(t, ctx, img, "failmove-"+lfRandom(3), 64)
+	for i := 1; i <= calls; i++ {
 		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
 		if err != nil {
-			t.Fatalf("fork %d with the move's helper killed: %v", i, err)
+			t.Fatalf("fork %d with the move's helper failing (%v): %v", i, env, err)
 		}
 		f := e.forks(res)[0]
 		checkContinues(t, ctx, parent, f)
@@ -326,41 +342,8 @@ func TestRehomeHelperKilled(t *testing.T) {
 	if v := parent.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
 		t.Errorf("parent: %q", v)
 	}
-	if !strings.Contains(e.Log(), "move onto memory file incomplete") {
-		t.Errorf("the shim did not report the failed move")
-	}
-}
-
-// TestRehomeHelperHangs: a move's helper that hangs with part of the tree
-// moved is killed after the restore timeout; the fork goes on from the
-// parent as it stands, and the parent runs on, its heap whole.
-func TestRehomeHelperHangs(t *testing.T) {
-	e := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_FAILPOINT=hang-mid-move", "LAZYFORK_RESTORE_TIMEOUT=3s"}})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
-	parent := e.startCounter(t, ctx, img, "hang-"+lfRandom(3), 64)
-	res, err := e.lfClient().Fork(ctx, parent.id, 1, e.logIO())
-	if err != nil {
-		t.Fatalf("fork with the move's helper hanging: %v", err)
-	}
-	f := e.forks(res)[0]
-	checkContinues(t, ctx, parent, f)
-	if v := f.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
-		t.Errorf("fork: %q", v)
-	}
-	st, err := parent.task.Status(ctx)
-	if err != nil || st.Status != containerd.Running {
-		t.Fatalf("parent: %v %v", st.Status, err)
-	}
-	parent.waitLine(t, ctx, len(parent.lines(t)), "tick ")
-	if v := parent.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=0" {
-		t.Errorf("parent: %q", v)
-	}
-	if l := e.Log(); !strings.Contains(l, "did not finish within 3s") {
-		t.Errorf("the shim did not report the killed helper: %q", grepLines(l, "memory file"))
+	if l := e.Log(); !strings.Contains(l, logged) {
+		t.Errorf("the shim did not report the failed move (%q): %q", logged, grepLines(l, "memory file"))
 	}
 }
 

@@ -38,15 +38,17 @@ func newTarSpy(t *testing.T) *tarSpy {
 
 // extracts is how many `tar --extract` runs the log holds.
 func (s *tarSpy) extracts(t *testing.T) int {
+	return strings.Count(spyLog(t, s.log), "--extract")
+}
+
+// spyLog is what a spy wrapper logged so far ("" before its first run).
+func spyLog(t *testing.T, path string) string {
 	t.Helper()
-	b, err := os.ReadFile(s.log)
-	if os.IsNotExist(err) {
-		return 0
-	}
-	if err != nil {
+	b, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	return strings.Count(string(b), "--extract")
+	return string(b)
 }
 
 // reset forgets the runs logged so far.

@@ -4,12 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"slices"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -143,22 +138,7 @@ func printComposition(w io.Writer, fms []forkMem, address string) {
 // kmemV1 is the kernel memory charged to cgroup p on a v1 memory hierarchy
 // (memory.kmem.usage_in_bytes), -1 where there is none.
 func kmemV1(p string) int64 {
-	ms, err := procfs.Mounts()
-	if err != nil || !strings.HasPrefix(p, "/") || strings.Contains(p, "..") {
-		return -1
-	}
-	for _, m := range ms {
-		if m.FSType != "cgroup" || !slices.Contains(strings.Split(m.Super, ","), "memory") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(m.Point, p, "memory.kmem.usage_in_bytes"))
-		if err != nil {
-			return -1
-		}
-		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return -1
-		}
+	if v, ok := cgroupmem.KmemV1(p); ok {
 		return v
 	}
 	return -1

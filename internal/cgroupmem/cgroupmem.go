@@ -77,7 +77,8 @@ func dirs(p string, fresh bool) ([][2]string, error) {
 }
 
 // read returns the contents of the first of cgroup p's memory files
-// name(dir) that exists, and that directory with its usage file's name.
+// name(dir) that exists ("" for none in that hierarchy), and that directory
+// with its usage file's name.
 func read(p string, name func(d [2]string) string) ([2]string, []byte, error) {
 	var tried []string
 	for _, fresh := range []bool{false, true} {
@@ -87,7 +88,11 @@ func read(p string, name func(d [2]string) string) ([2]string, []byte, error) {
 		}
 		tried = tried[:0]
 		for _, d := range ds {
-			file := filepath.Join(d[0], name(d))
+			n := name(d)
+			if n == "" {
+				continue // not in this hierarchy
+			}
+			file := filepath.Join(d[0], n)
 			tried = append(tried, file)
 			if b, err := os.ReadFile(file); err == nil {
 				return d, b, nil
@@ -140,6 +145,23 @@ func Limit(p string) (limit, usage int64, ok bool, err error) {
 		return 0, usage, false, nil
 	}
 	return l, usage, true, nil
+}
+
+// KmemV1 returns the kernel memory charged to cgroup p on a v1 memory
+// hierarchy (memory.kmem.usage_in_bytes); ok is false where there is none (v2
+// counts it in memory.stat: kernel, sock).
+func KmemV1(p string) (kmem int64, ok bool) {
+	d, b, err := read(p, func(d [2]string) string {
+		if d[1] == "memory.usage_in_bytes" {
+			return "memory.kmem.usage_in_bytes"
+		}
+		return ""
+	})
+	if err != nil {
+		return 0, false
+	}
+	v, err := parseBytes(filepath.Join(d[0], "memory.kmem.usage_in_bytes"), b)
+	return v, err == nil
 }
 
 // Stat returns cgroup p's memory.stat (bytes and counters by key, e.g.

@@ -92,3 +92,21 @@ func TestStaleMountTable(t *testing.T) {
 		t.Fatalf("memory.stat of %s: %v", self, err)
 	}
 }
+
+// On a v1 memory hierarchy a cgroup's kernel memory is read; on v2 there is
+// no such file (memory.stat counts it).
+func TestKmemV1(t *testing.T) {
+	self, v1, err := procfs.Cgroup(os.Getpid(), "memory")
+	if err != nil {
+		t.Skip(err)
+	}
+	k, ok := KmemV1(self)
+	if v1 && (!ok || k < 0) {
+		if _, err := os.Stat("/sys/fs/cgroup/memory/memory.kmem.usage_in_bytes"); err == nil {
+			t.Errorf("kernel memory of %s on v1: %d %v", self, k, ok)
+		}
+	}
+	if !v1 && ok {
+		t.Errorf("kernel memory of %s on v2: %d, want none", self, k)
+	}
+}
