@@ -52,9 +52,9 @@ type forkTrace struct {
 var breakdownPhases = []string{
 	"client: rootfs, container record, task create",
 	"shim start (containerd runs `shim start`)",
-	"shim Create (prepare, runc state)",
+	"shim Create (prepare, rootfs mount)",
 	"containerd/client: create -> start",
-	"runc restore -> CRIU start (runc, its version-check criu)",
+	"runc restore -> CRIU logs (runc, version check, CRIU start)",
 	"CRIU: configuration, kernel-feature probes",
 	"CRIU: cgroups, task, namespaces",
 	"CRIU: mounts (tmpfs contents by tar+gzip)",
@@ -190,7 +190,7 @@ func criuMarks(b []byte) (marks map[string]time.Duration, end time.Duration, kda
 }
 
 // traceFork restores one fork of snapshot and returns its breakdown.
-func traceFork(ctx context.Context, env *ctrbench.Env, lf *lfclient.Client, parentID, snapshot string) (*forkTrace, error) {
+func traceFork(ctx context.Context, env *ctrbench.Env, lf *lfclient.Client, logs *criuLogWatch, parentID, snapshot string) (*forkTrace, error) {
 	h := env.H
 	off := fileSize(h.LogPath)
 	logIO := lfclient.WithIO(func(id string) cio.Creator { return cio.LogFile(h.TaskLogPath(id)) })
@@ -210,10 +210,6 @@ func traceFork(ctx context.Context, env *ctrbench.Env, lf *lfclient.Client, pare
 	}()
 	id := ctr.ID()
 	rl := filepath.Join(h.State, "io.containerd.runtime.v2.task", h.Namespace, id, "work", "restore.log")
-	st, err := os.Stat(rl)
-	if err != nil {
-		return nil, fmt.Errorf("CRIU's restore log: %w", err)
-	}
 	rb, err := os.ReadFile(rl)
 	if err != nil {
 		return nil, err
@@ -230,12 +226,18 @@ func traceFork(ctx context.Context, env *ctrbench.Env, lf *lfclient.Client, pare
 			return nil, fmt.Errorf("CRIU's restore log %s has no %q mark (is CRIU at verbosity 4?)", rl, k)
 		}
 	}
-	criuStart := st.ModTime().Add(-end)
+	criuStart, criuExit, err := logs.times(id)
+	if err != nil {
+		return nil, err
+	}
+	if span := criuExit.Sub(criuStart); span < end {
+		return nil, fmt.Errorf("%s: CRIU's log spans %v but was open only %v (inotify events out of order?)", rl, end, span)
+	}
 	startBegin := cm["restored"].Add(-restore)
 	at := []time.Time{
 		t0, cm["create"], cm["shim"], cm["created"], startBegin, criuStart,
 		criuStart.Add(crm["probed"]), criuStart.Add(crm["ns"]), criuStart.Add(crm["mounts"]),
-		criuStart.Add(crm["files"]), st.ModTime(), cm["restored"], cm["started"], t1,
+		criuStart.Add(crm["files"]), criuExit, cm["restored"], cm["started"], t1,
 	}
 	tr := &forkTrace{total: t1.Sub(t0), restore: forks[0].Restore, kdat: kdat, tmpfs: ntmpfs, tmpfsDur: tmpfsDur}
 	for i, name := range breakdownPhases {
@@ -283,9 +285,14 @@ func runBreakdown(ctx context.Context, bin string, n int) (*breakdown, error) {
 	if bd.fresh, err = traceFresh(ctx, env, n); err != nil {
 		return nil, fmt.Errorf("fresh starts: %w", err)
 	}
+	logs, err := watchCRIULogs(filepath.Join(env.H.Root, "io.containerd.runtime.v2.task", env.H.Namespace))
+	if err != nil {
+		return nil, err
+	}
+	defer logs.close()
 	var traces []*forkTrace
 	for range n {
-		tr, err := traceFork(ctx, env, lf, parent.ID, res.Snapshot)
+		tr, err := traceFork(ctx, env, lf, logs, parent.ID, res.Snapshot)
 		if err != nil {
 			return nil, err
 		}
