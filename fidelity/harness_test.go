@@ -194,7 +194,7 @@ func (h *harness) verifyAll(ps []*proc, markers []uint64) {
 		if p.kind == workloads.Python {
 			cs, err := p.out.WaitReports(h.ctx, "child-verify", asks[i].child+1)
 			if err != nil {
-				h.t.Fatalf("%s: the child process did not answer: %v\n%s", p.name, err, tail(p.out))
+				h.t.Fatalf("%s: the child process did not answer: %v\n%s\nwhere its processes wait:\n%s", p.name, err, tail(p.out), waits(p.pid))
 			}
 			if c := cs[asks[i].child]; !c.OK() {
 				h.t.Errorf("%s: child process check failed: %s", p.name, c.Line)
@@ -230,3 +230,39 @@ func tail(o workloads.Output) string {
 }
 
 func zeros(n int) []uint64 { return make([]uint64, n) }
+
+// waits says where each thread of pid's process tree is: its state, the
+// kernel function it sleeps in and its system call (arguments included), and
+// its kernel stack, so that a copy that hangs (the rare restored python child
+// that does not answer) leaves more than a timeout behind.
+func waits(pid int) string {
+	pids, err := procfs.Tree(pid)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	read := func(path string) string {
+		v, err := os.ReadFile(path)
+		if err != nil {
+			return "?"
+		}
+		return strings.TrimSpace(string(v))
+	}
+	for _, p := range pids {
+		dir := fmt.Sprintf("/proc/%d/task", p)
+		tids, _ := os.ReadDir(dir)
+		for _, t := range tids {
+			td := filepath.Join(dir, t.Name())
+			state := read(td + "/stat")
+			if i := strings.LastIndexByte(state, ')'); i >= 0 && i+3 <= len(state) {
+				state = state[i+2 : i+3]
+			}
+			fmt.Fprintf(&b, "pid %d tid %s (%s) %s wchan %s syscall %s\n", p, t.Name(), read(td+"/comm"),
+				state, read(td+"/wchan"), read(td+"/syscall"))
+			for _, l := range strings.Split(read(td+"/stack"), "\n") {
+				fmt.Fprintf(&b, "    %s\n", l)
+			}
+		}
+	}
+	return b.String()
+}
