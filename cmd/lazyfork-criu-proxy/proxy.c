@@ -802,11 +802,13 @@ static void tar_extract(const char *dir)
 {
 	struct buf in = {0};
 	struct stat st;
-	off_t start = fstat(0, &st) == 0 && S_ISREG(st.st_mode) ? lseek(0, 0, SEEK_CUR) : -1;
 	unsigned char *tar = NULL;
 	struct entry *es = NULL;
 	size_t len;
 	int n, root = -1, empty = 1;
+	if (fstat(0, &st) || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode)))
+		return; /* CRIU's is an image file; untouched for anything odd */
+	off_t start = S_ISREG(st.st_mode) ? lseek(0, 0, SEEK_CUR) : -1;
 	for (;;) {
 		unsigned char *q = grow(&in, 65536);
 		if (!q)
