@@ -15,10 +15,26 @@
  * device:inode:size:mtime-in-ns): an upgraded CRIU is asked again.
  *
  * tar: CRIU dumps every tmpfs mount with `tar --create --gzip ...`, the
- * mount's root on standard input. For exactly those arguments and an empty
- * directory on fd 0 the proxy writes what GNU tar would archive (one "./"
- * directory entry, GNU format, numeric owner) gzipped with a stored block,
- * and exits 0.
+ * mount's root on standard input, and restores it with `tar --extract --gzip
+ * ... --directory DIR`, the archive (its image file) on standard input. For
+ * exactly CRIU's create arguments and a tree of directories, symlinks, device
+ * nodes, fifos and small regular files on one file system (no hard links,
+ * sparse files, sockets, names or links of 100 bytes or more, numbers beyond
+ * octal: GNU tar writes those otherwise) the proxy writes the tar stream GNU
+ * tar 1.34 writes, byte for byte (GNU format, numeric owner, the directory's
+ * own order, depth first, padded to the 10240-byte record), gzipped in
+ * stored deflate blocks. CRIU's flags ask for no xattrs, ACLs or SELinux
+ * labels, so GNU tar archives none. For exactly CRIU's extract arguments it
+ * reads the whole archive first and, if it is a gzip of stored blocks only
+ * (CRC-32 and length right) of such entries, well formed (checksums, GNU
+ * magic, no owner names, names "./..." without empty, "." or ".."
+ * components, each once, depth first with every parent a directory entry
+ * before it, so nothing leads out of DIR or through a symlink) and DIR is
+ * empty (CRIU's new tmpfs), extracts it as GNU tar does as root: owner, then
+ * mode (set-id bits kept), mtime; directories last, deepest first. Anything
+ * else is the real tar's, with standard input as it came (a file seeked back,
+ * a pipe's bytes in a memfd). A failure after the first entry is written
+ * ends the proxy with a message and status 2 (CRIU fails the restore).
  *
  * Anything else (another command line or request, an error before the
  * request is consumed): it executes the real program (LAZYFORK_CRIU_REAL,

@@ -39,13 +39,18 @@ type node struct {
 	mtime    int64
 }
 
-// mkTree makes the nodes under root (which it creates): in the order given
-// (a directory's listing order follows it), each owner then mode then time,
-// directories' times last, deepest first.
-func mkTree(t *testing.T, root string, nodes []node) {
+// mkTree makes the nodes under root (which it creates, and mounts a new
+// tmpfs on if tmpfs): in the order given (a directory's listing order
+// follows it), each owner then mode then time, directories' times last,
+// deepest first.
+func mkTree(t *testing.T, root string, nodes []node, tmpfs ...bool) {
 	t.Helper()
 	if err := os.Mkdir(root, 0o700); err != nil {
 		t.Fatal(err)
+	}
+	if len(tmpfs) > 0 && tmpfs[0] {
+		must(t, unix.Mount("tmpfs", root, "tmpfs", 0, "size=16m"))
+		t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
 	}
 	for _, n := range nodes {
 		p := filepath.Join(root, n.path)
@@ -282,10 +287,15 @@ func TestTarTreeSameAsGNUTar(t *testing.T) {
 	testutil.RequiresRoot(t)
 	_, proxyTar, _ := proxy(t)
 	real := gnuTar(t)
-	for name, nodes := range map[string][]node{"runc-dev": runcDev, "odd": oddTree()} {
-		t.Run(name, func(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		nodes []node
+		tmpfs bool // the tree on a tmpfs of its own, as CRIU's
+	}{{"runc-dev", runcDev, false}, {"runc-dev-tmpfs", runcDev, true}, {"odd", oddTree(), false}, {"odd-tmpfs", oddTree(), true}} {
+		nodes := c.nodes
+		t.Run(c.name, func(t *testing.T) {
 			src := filepath.Join(t.TempDir(), "src")
-			mkTree(t, src, nodes)
+			mkTree(t, src, nodes, c.tmpfs)
 			ours := runTar(t, proxyTar, noRealTar, src, criuCreate...)
 			theirs := runTar(t, real, nil, src, criuCreate...)
 			if !bytes.Equal(ours[:10], theirs[:10]) {
