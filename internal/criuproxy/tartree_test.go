@@ -564,3 +564,28 @@ func TestTarExtractRefusesMalicious(t *testing.T) {
 		t.Errorf("the well-formed archive: ok holds %q (%v)", b, err)
 	}
 }
+
+// TestTarExtractFailsPartWay: an error after the proxy wrote the first entry
+// (here the new tmpfs runs out of inodes) ends it with a message and a
+// failure, which fails CRIU's restore; the real tar is not run on the half
+// extracted directory.
+func TestTarExtractFailsPartWay(t *testing.T) {
+	testutil.RequiresRoot(t)
+	_, proxyTar, _ := proxy(t)
+	real := gnuTar(t)
+	spyEnv, log := tarSpy(t, real)
+	src := filepath.Join(t.TempDir(), "src")
+	mkTree(t, src, runcDev)
+	ours := runTar(t, proxyTar, noRealTar, src, criuCreate...)
+	dst := filepath.Join(t.TempDir(), "mnt")
+	must(t, os.Mkdir(dst, 0o755))
+	must(t, unix.Mount("tmpfs", dst, "tmpfs", 0, "nr_inodes=4"))
+	t.Cleanup(func() { unix.Unmount(dst, unix.MNT_DETACH) })
+	out, err := extractInto(t, proxyTar, spyEnv, ours, false, dst)
+	if err == nil || !strings.Contains(string(out), "failed part way") {
+		t.Errorf("extracting into a tmpfs of 4 inodes: %v: %s; want a failure saying it failed part way", err, out)
+	}
+	if l := spyRuns(t, log); l != "" {
+		t.Errorf("the real tar ran after the proxy had written: %q", l)
+	}
+}
