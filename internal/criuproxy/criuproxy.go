@@ -14,9 +14,16 @@
 //
 // CRIU dumps each tmpfs mount of a container with `tar --create --gzip ...`
 // (a tar and a gzip process, 4-6 ms, per mount and dump, inside the
-// container's pause), and most are empty. Run as `tar` with exactly CRIU's
-// arguments and an empty directory on standard input, the proxy writes the
-// archive GNU tar would (one "./" entry, gzipped) itself.
+// container's pause), and restores each with `tar --extract --gzip` (4-5 ms
+// per mount and fork). Most hold nothing or only what runc puts into /dev
+// (device nodes, symlinks, directories). Run as `tar` with exactly CRIU's
+// create arguments on a tree of directories, symlinks, device nodes, fifos
+// and small regular files, the proxy writes the archive GNU tar would (the
+// same tar stream, byte for byte; gzipped in stored blocks) itself; with
+// exactly CRIU's extract arguments and such an archive (stored blocks only,
+// well-formed entries that stay inside the directory), it extracts it itself
+// as GNU tar does as root. A real tar's archive, or anything unusual, goes to
+// the real tar with standard input as it came.
 //
 // Anything else goes to the real program (EnvReal, EnvTarReal) with the same
 // arguments, environment and file descriptors, so the worst case is today's
