@@ -57,7 +57,7 @@ var breakdownPhases = []string{
 	"runc restore -> CRIU logs (runc, version check, CRIU start)",
 	"CRIU: configuration, kernel-feature probes",
 	"CRIU: cgroups, task, namespaces",
-	"CRIU: mounts (tmpfs contents by tar+gzip)",
+	"CRIU: mounts (tmpfs contents: CRIU runs tar)",
 	"CRIU: files, memory mappings",
 	"CRIU: restorer, resume",
 	"runc exit, runc shim's start bookkeeping",
@@ -156,7 +156,7 @@ func criuMarks(b []byte) (marks map[string]time.Duration, end time.Duration, kda
 		t := time.Duration(sec)*time.Second + time.Duration(us)*time.Microsecond
 		if lastTmpfs >= 0 {
 			// The time from "Mounting tmpfs" to the next line is the mount
-			// and, for a tmpfs with contents, CRIU's tar+gzip run.
+			// and, for a tmpfs with contents, CRIU's tar run (the proxy, or tar+gzip).
 			if d := t - lastTmpfs; d > 300*time.Microsecond {
 				tmpfs++
 				tmpfsDur += d
@@ -323,7 +323,7 @@ func (bd *breakdown) print(w io.Writer, fl *floors) {
 	}
 	fmt.Fprintf(w, "  %-60s %s %s\n", "total (the client's fork call)", ms(report.Median(bd.totals)), ms(report.Max(bd.totals)))
 	fmt.Fprintf(w, "  %-60s %s %s\n", "of which restore (task create -> running, as restore_1)", ms(report.Median(bd.restores)), ms(report.Max(bd.restores)))
-	fmt.Fprintf(w, "  CRIU's kernel-feature cache: %s; tmpfs contents untarred: %d mounts, %s ms (median)\n",
+	fmt.Fprintf(w, "  CRIU's kernel-feature cache: %s; tmpfs contents extracted (CRIU's tar run, the proxy answering unless LAZYFORK_CRIU_PROXY=off): %d mounts, %s ms (median)\n",
 		bd.kdat, bd.tmpfs, strings.TrimSpace(ms(report.Median(bd.tmpfsDur))))
 	if bd.fresh != nil {
 		bd.fresh.print(w)
