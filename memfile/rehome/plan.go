@@ -44,6 +44,12 @@ type VMA struct {
 	// (at ReplacesOffset) in this process.
 	Replaces       string
 	ReplacesOffset uint64
+	// Prepared: a fragmented region (Fragments) whose slot already holds
+	// the bytes of its Pieces (PrepareRegions). A move checks the pieces
+	// are unchanged, writes only the pages the process wrote (its private
+	// copies, zeros included) and maps the whole region from the slot.
+	Prepared bool    `json:",omitempty"`
+	Pieces   []Piece `json:",omitempty"`
 }
 
 // Offset is the file offset the VMA's first page maps.
