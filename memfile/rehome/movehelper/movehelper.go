@@ -73,8 +73,9 @@ type Reply struct {
 	Prepared int64    `json:"prepared,omitempty"`
 	// Hopped counts the regions a Hop mapped from its file; HopErr says
 	// why others were not (they keep their mappings).
-	Hopped int    `json:"hopped,omitempty"`
-	HopErr string `json:"hopErr,omitempty"`
+	Hopped   int    `json:"hopped,omitempty"`
+	HopBytes int64  `json:"hopBytes,omitempty"` // written since the preparation, on top
+	HopErr   string `json:"hopErr,omitempty"`
 	// Replaced are the ranges of older memory files whose pages the
 	// processes no longer map (written since, now moved), for
 	// Store.PunchUnused; only from a move that finished.
@@ -164,8 +165,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 				done, cs, err := tr.MoveFile(pid, hop, req.Hop.Inside, regions, req.Chunk)
 				reply.Move += time.Since(t2)
 				reply.Calls += cs.Calls
-				reply.Bytes += cs.Bytes
-				reply.ByTracer += cs.ByTracer
+				reply.HopBytes += cs.Bytes
 				reply.Hopped += len(done)
 				for _, v := range done {
 					for _, p := range v.Pieces {
