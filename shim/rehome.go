@@ -405,8 +405,8 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // GC removes it if the shim dies) until that move publishes it, and is
 // dropped after preparedTTL unused.
 const (
-	consolidateAfter = 128
-	consolidateAbove = 256 // pieces of fragmented regions in one process
+	consolidateAfter = 64
+	consolidateAbove = 128 // pieces of fragmented regions in one process
 	preparedTTL      = 10 * time.Minute
 )
 
@@ -429,6 +429,21 @@ var (
 	preparedHops  = map[string]*preparedHop{}
 	moveNotes     = map[string]*moveNote{}
 )
+
+// dropConsolidation forgets a container's consolidation state and removes
+// a prepared file it did not use (for the container's release; without it a
+// prepared file goes after preparedTTL).
+func dropConsolidation(ns, id string) {
+	key := ns + "/" + id
+	consolidation.Lock()
+	h := preparedHops[key]
+	delete(preparedHops, key)
+	delete(moveNotes, key)
+	consolidation.Unlock()
+	if h != nil && h.timer.Stop() {
+		h.pf.Abort()
+	}
+}
 
 // takePrepared returns the consolidation prepared for a container, if any.
 func takePrepared(key string) *preparedHop {
@@ -522,6 +537,11 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 	}
 	if err != nil || len(reply.Regions) == 0 {
 		pf.Abort()
+		consolidation.Lock()
+		if n := moveNotes[key]; n != nil {
+			n.patches = 0 // not fragmented enough yet: counted again
+		}
+		consolidation.Unlock()
 		if err != nil {
 			l.WithError(err).Warn("lazyfork: prepare a consolidation")
 		}
