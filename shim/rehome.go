@@ -416,6 +416,8 @@ type preparedHop struct {
 	timer   *time.Timer
 	linked  bool
 	kept    bool // mapped by the container: sealed, recorded in its state
+	// chargedTo is the memory cgroup the preparation wrote the file from.
+	chargedTo string
 }
 
 type moveNote struct {
@@ -476,6 +478,11 @@ func (h *preparedHop) finish(ctx context.Context, store *memfile.Store, st *cont
 	if hopped {
 		if err := h.pf.Seal(); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: seal a consolidated memory file")
+		}
+		if h.chargedTo != "" {
+			if err := store.SetCharge(st.Family, h.pf.Name(), h.chargedTo); err != nil {
+				log.G(ctx).WithError(err).Warn("lazyfork: record where a consolidated file is charged")
+			}
 		}
 		h.kept = true
 		return
@@ -547,12 +554,7 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 		}
 		return
 	}
-	if req.ChargedTo != "" {
-		if err := store.SetCharge(st.Family, pf.Name(), req.ChargedTo); err != nil {
-			l.WithError(err).Debug("lazyfork: record where a consolidated file is charged")
-		}
-	}
-	h := &preparedHop{pf: pf, regions: reply.Regions}
+	h := &preparedHop{pf: pf, regions: reply.Regions, chargedTo: req.ChargedTo}
 	consolidation.Lock()
 	if old := preparedHops[key]; old != nil && old.timer.Stop() {
 		old.pf.Abort()
