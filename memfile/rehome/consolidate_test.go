@@ -1,6 +1,7 @@
 package rehome
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -25,6 +26,51 @@ func heapMappings(t testing.TB, pid int, start, end uint64) int {
 		}
 	}
 	return n
+}
+
+// spread has p flip word 1 of heap pages off, off+stride... and records
+// them in flips: the test's own account of what p wrote (p's is in its
+// memory, which a lost write could turn back with it).
+func spread(t testing.TB, p *prog, flips map[uint64]bool, stride, off uint64) {
+	t.Helper()
+	if l := p.cmdLine(fmt.Sprintf("spread %d %d", stride, off)); !strings.HasPrefix(l, "spread ") {
+		t.Fatalf("spread: %q", l)
+	}
+	for pg := off; pg < p.heap[1]/pageSize; pg += stride {
+		flips[pg] = !flips[pg]
+	}
+}
+
+// checkFlips reads p's heap through /proc/pid/mem and checks word 1 of
+// every page against flips, and then has p verify the rest.
+func checkFlips(t testing.TB, p *prog, flips map[uint64]bool) {
+	t.Helper()
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", p.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	b := make([]byte, p.heap[1])
+	if _, err := mem.ReadAt(b, int64(p.heap[0])); err != nil {
+		t.Fatal(err)
+	}
+	bad := 0
+	for pg := uint64(0); pg < p.heap[1]/pageSize; pg++ {
+		want := pat(pg, 1)
+		if flips[pg] {
+			want ^= 0xff
+		}
+		if got := binary.LittleEndian.Uint64(b[pg*pageSize+8:]); got != want {
+			if bad < 5 {
+				t.Errorf("heap page %d word 1 = %#x, want %#x (flipped %v)", pg, got, want, flips[pg])
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d heap pages lost what the process wrote", bad)
+	}
+	p.verify()
 }
 
 // patchMove is a later move of p: the pages it wrote inside its mappings of
@@ -58,18 +104,17 @@ func patchMove(t testing.TB, p *prog, dir, name string) {
 // fragment moves p onto dir/a, then has it write pages spread over its heap
 // and moves them three times, as a parent forked after spread writes: its
 // heap becomes hundreds of mappings.
-func fragment(t *testing.T) (*prog, string) {
+func fragment(t *testing.T) (*prog, string, map[uint64]bool) {
 	p := startProg(t, 64)
 	dir := tmpfs(t)
 	rehome(t, p, "", filepath.Join(dir, "a"))
+	flips := map[uint64]bool{}
 	for r := range 3 {
-		if l := p.cmdLine(fmt.Sprintf("spread 29 %d", r)); !strings.HasPrefix(l, "spread ") {
-			t.Fatalf("spread: %q", l)
-		}
+		spread(t, p, flips, 29, uint64(r))
 		patchMove(t, p, dir, fmt.Sprintf("m%d", r))
-		p.verify()
+		checkFlips(t, p, flips)
 	}
-	return p, dir
+	return p, dir, flips
 }
 
 // TestConsolidateSpreadWrites: a heap fragmented by spread writes and their
@@ -78,7 +123,7 @@ func fragment(t *testing.T) (*prog, string) {
 // holds no private page, and verifies; the file keeps its bytes under the
 // process's later writes.
 func TestConsolidateSpreadWrites(t *testing.T) {
-	p, dir := fragment(t)
+	p, dir, flips := fragment(t)
 	hs, he := p.heap[0]&^(pageSize-1), p.heap[0]+p.heap[1]
 	before := heapMappings(t, p.pid, hs, he)
 	t.Logf("heap in %d mappings after three spread moves", before)
@@ -105,8 +150,8 @@ func TestConsolidateSpreadWrites(t *testing.T) {
 
 	// Written after the preparation, and some pages written back (flipped
 	// twice: their bytes are the file's again, in private copies).
-	p.cmdLine("spread 31 7")
-	p.cmdLine("spread 29 0")
+	spread(t, p, flips, 31, 7)
+	spread(t, p, flips, 29, 0)
 
 	p.idle()
 	tr, err := Seize("", p.pid)
@@ -121,7 +166,7 @@ func TestConsolidateSpreadWrites(t *testing.T) {
 		t.Fatalf("consolidating move: %d of %d regions: %v", len(done), len(prepared), err)
 	}
 	t.Logf("consolidated: %+v", st)
-	p.verify()
+	checkFlips(t, p, flips)
 
 	after := heapMappings(t, p.pid, hs, he)
 	hdr, fl := smapsEntry(t, p.pid, p.heap[0])
@@ -139,8 +184,8 @@ func TestConsolidateSpreadWrites(t *testing.T) {
 
 	// Later writes stay private; the file keeps the bytes of the move.
 	patchMove(t, p, dir, "m9") // nothing from c is written
-	p.cmdLine("spread 101 3")
-	p.verify()
+	spread(t, p, flips, 101, 3)
+	checkFlips(t, p, flips)
 	if after2 := heapMappings(t, p.pid, hs, he); after2 != after {
 		t.Logf("heap in %d mappings after more writes", after2)
 	}
@@ -150,7 +195,7 @@ func TestConsolidateSpreadWrites(t *testing.T) {
 // between the preparation and the move (another move patched it) is refused
 // as a whole; the process keeps its mappings and its memory.
 func TestConsolidateRefusesChangedRegion(t *testing.T) {
-	p, dir := fragment(t)
+	p, dir, flips := fragment(t)
 	regions, err := Fragments(p.pid, dir)
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +209,7 @@ func TestConsolidateRefusesChangedRegion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmdLine("spread 37 11")
+	spread(t, p, flips, 37, 11)
 	patchMove(t, p, dir, "m8")
 	hs, he := p.heap[0]&^(pageSize-1), p.heap[0]+p.heap[1]
 	before := heapMappings(t, p.pid, hs, he)
@@ -181,7 +226,7 @@ func TestConsolidateRefusesChangedRegion(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || len(done) != 0 {
 		t.Fatalf("move of changed regions: %d done, err %v; want none, failed precondition", len(done), err)
 	}
-	p.verify()
+	checkFlips(t, p, flips)
 	if after := heapMappings(t, p.pid, hs, he); after != before {
 		t.Errorf("heap in %d mappings after a refused consolidation, was %d", after, before)
 	}
