@@ -165,7 +165,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		}
 	}
 	if err == nil {
-		noteMove(key, initPID, reply.VMAs, reply.Hopped > 0)
+		noteMove(key, initPID, reply.Patches, reply.Hopped > 0)
 	}
 	if err != nil {
 		// The container must be as its pauser left it: frozen.
@@ -395,8 +395,7 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // each move, and its heap becomes thousands of mappings, in it and in every
 // fork restored from its dumps (about 400 bytes of kernel memory each per
 // copy, and microseconds each in every dump and move). Once a container's
-// moves have made consolidateAfter patches since its last consolidation,
-// the checkpoint prepares one after the thaw, off the pause: a new file
+// moves fragment it fast enough (below), the checkpoint prepares one after the thaw, off the pause: a new file
 // holding its fragmented regions as it sees them, copied from the family's
 // files (they never change) by the helper in its memory cgroup. The next
 // move maps each region whole from that file, with the pages written since
@@ -404,8 +403,16 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // prepared file stays a temporary file of the store (flocked by this shim:
 // GC removes it if the shim dies) until that move publishes it, and is
 // dropped after preparedTTL unused.
+//
+// A consolidation copies whole regions (a heap) to save the mappings patches
+// made, so it is kept for fast fragmentation: a move that made
+// consolidateEach patches (a parent writing hundreds of pages spread over its
+// heap between forks), or consolidateAfter since the last one. An
+// interpreter dirtying a few hundred kB of its arenas per call (about 65
+// patches) keeps the plain deltas (tmpfs grows by what it wrote).
 const (
-	consolidateAfter = 64
+	consolidateEach  = 192
+	consolidateAfter = 2048
 	consolidateAbove = 128 // pieces of fragmented regions in one process
 	preparedTTL      = 10 * time.Minute
 )
@@ -423,6 +430,7 @@ type preparedHop struct {
 type moveNote struct {
 	pid     int
 	patches int // made since the last consolidation
+	last    int // made by the last move
 	moved   bool
 }
 
@@ -468,7 +476,7 @@ func noteMove(key string, pid, patches int, consolidated bool) {
 		n = &moveNote{}
 		moveNotes[key] = n
 	}
-	n.pid, n.moved = pid, true
+	n.pid, n.moved, n.last = pid, true, patches
 	n.patches += patches
 }
 
@@ -494,13 +502,13 @@ func (h *preparedHop) finish(ctx context.Context, store *memfile.Store, st *cont
 }
 
 // prepareConsolidation prepares a consolidation for a container whose
-// moves made consolidateAfter patches since its last one (see above). It
+// moves fragment it fast enough (see above). It
 // runs after the thaw; failures only cost the consolidation.
 func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) {
 	key := st.Namespace + "/" + st.ID
 	consolidation.Lock()
 	n := moveNotes[key]
-	ready := n != nil && n.moved && n.patches >= consolidateAfter
+	ready := n != nil && n.moved && (n.last >= consolidateEach || n.patches >= consolidateAfter)
 	pid := 0
 	if n != nil {
 		n.moved = false

@@ -81,6 +81,7 @@ type Reply struct {
 	// Store.PunchUnused; only from a move that finished.
 	Replaced []FileRange `json:"replaced,omitempty"`
 	VMAs     int         `json:"vmas"`               // VMAs moved whole
+	Patches  int         `json:"patches,omitempty"`  // of which patches of memory-file mappings (each splits one)
 	Bytes    int64       `json:"bytes"`              // bytes written into the file
 	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
 	Calls    int         `json:"calls"`              // pwrite calls the processes made
@@ -213,6 +214,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		reply.VMAs += len(done)
 		for _, v := range done {
 			if v.Replaces != "" {
+				reply.Patches++
 				reply.Replaced = append(reply.Replaced, FileRange{
 					File: filepath.Base(strings.TrimSuffix(v.Replaces, " (deleted)")), Off: v.ReplacesOffset, Len: v.Len()})
 			}
@@ -241,6 +243,9 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 	return reply
 }
 
+// MinRegionPieces is the fewest mappings a region needs to be consolidated.
+const MinRegionPieces = 16
+
 // prepare is the first step of a consolidation (Request.Prepare).
 func prepare(req *Request, joined func()) (reply Reply) {
 	fail := func(err error) Reply { reply.Err = err.Error(); return reply }
@@ -252,9 +257,18 @@ func prepare(req *Request, joined func()) (reply Reply) {
 	var bytes uint64
 	slot := 0
 	for _, pid := range req.Pids {
-		regions, err := rehome.Fragments(pid, req.MemDir)
+		all, err := rehome.Fragments(pid, req.MemDir)
 		if err != nil {
 			return fail(err)
+		}
+		// A few adjacent mappings are what any move leaves (each VMA in
+		// its own slot): only regions patches cut up are worth a copy.
+		var regions []rehome.VMA
+		for _, r := range all {
+			if len(r.Pieces) >= MinRegionPieces {
+				r.Slot = len(regions)
+				regions = append(regions, r)
+			}
 		}
 		if rehome.Pieces(regions) <= req.PrepareAbove {
 			continue
