@@ -395,9 +395,10 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // each move, and its heap becomes thousands of mappings, in it and in every
 // fork restored from its dumps (about 400 bytes of kernel memory each per
 // copy, and microseconds each in every dump and move). Once a container's
-// moves fragment it fast enough (below), the checkpoint prepares one after the thaw, off the pause: a new file
-// holding its fragmented regions as it sees them, copied from the family's
-// files (they never change) by the helper in its memory cgroup. The next
+// moves fragment it fast enough (below), the checkpoint prepares a
+// consolidation after the thaw, off the pause: a new file holding its
+// fragmented regions as it sees them, copied from the family's files (they
+// never change) by the helper in its memory cgroup. The next
 // move maps each region whole from that file, with the pages written since
 // on top, and the dump that follows, and its forks, see one mapping. A
 // prepared file stays a temporary file of the store (flocked by this shim:
@@ -501,9 +502,9 @@ func (h *preparedHop) finish(ctx context.Context, store *memfile.Store, st *cont
 	h.pf.Abort()
 }
 
-// prepareConsolidation prepares a consolidation for a container whose
-// moves fragment it fast enough (see above). It
-// runs after the thaw; failures only cost the consolidation.
+// prepareConsolidation prepares a consolidation for a container whose moves
+// fragment it fast enough (see above). It runs after the thaw; failures only
+// cost the consolidation.
 func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) {
 	key := st.Namespace + "/" + st.ID
 	consolidation.Lock()
