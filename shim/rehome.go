@@ -405,14 +405,17 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // GC removes it if the shim dies) until that move publishes it, and is
 // dropped after preparedTTL unused.
 //
-// A consolidation copies whole regions (a heap) to save the mappings patches
-// made, so it is kept for fast fragmentation: a move that made
-// consolidateEach patches (a parent writing hundreds of pages spread over its
-// heap between forks), or consolidateAfter since the last one. An
-// interpreter dirtying a few hundred kB of its arenas per call (about 65
-// patches) keeps the plain deltas (tmpfs grows by what it wrote).
+// A consolidation copies whole regions (a heap) to save the mappings
+// patches made, and the regions' old files stay for as long as an earlier
+// snapshot or fork maps them: a copy of the heap for about 800 bytes of
+// kernel memory per patch per copy (two mappings). So it is a bound, not a
+// routine: once a container's moves made consolidateAfter patches since the
+// last one (8 MiB of single pages written spread over its heap; an
+// interpreter's ~65 patches per call get there after some thirty forks, a
+// parent whose writes come in runs hardly ever), which holds every fork's mapping
+// overhead near 1.6 MB and the parent's mappings far below vm.max_map_count,
+// and the pause's per-mapping cost (dump and plan) with them.
 const (
-	consolidateEach  = 192
 	consolidateAfter = 2048
 	consolidateAbove = 128 // pieces of fragmented regions in one process
 	preparedTTL      = 10 * time.Minute
@@ -431,7 +434,6 @@ type preparedHop struct {
 type moveNote struct {
 	pid     int
 	patches int // made since the last consolidation
-	last    int // made by the last move
 	moved   bool
 }
 
@@ -477,7 +479,7 @@ func noteMove(key string, pid, patches int, consolidated bool) {
 		n = &moveNote{}
 		moveNotes[key] = n
 	}
-	n.pid, n.moved, n.last = pid, true, patches
+	n.pid, n.moved = pid, true
 	n.patches += patches
 }
 
@@ -509,7 +511,7 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 	key := st.Namespace + "/" + st.ID
 	consolidation.Lock()
 	n := moveNotes[key]
-	ready := n != nil && n.moved && (n.last >= consolidateEach || n.patches >= consolidateAfter)
+	ready := n != nil && n.moved && n.patches >= consolidateAfter
 	pid := 0
 	if n != nil {
 		n.moved = false
