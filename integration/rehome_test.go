@@ -2,10 +2,12 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -425,4 +427,80 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// mapCount is how many mappings process pid has.
+func mapCount(t *testing.T, pid uint32) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Count(b, []byte("\n"))
+}
+
+// TestRehomeSpreadWrites: a parent that writes single pages all over its
+// heap between forks gets a mapping per written page at each move (up to 512
+// per mapping), in it and in every fork restored from its later dumps. Once
+// its moves made 2048 such patches (shim's consolidateAfter), a
+// consolidation is prepared after the thaw and the next move maps the heap
+// whole again: the parent's mappings fall back, its later forks' with them,
+// and every copy's heap verifies, the older forks' (whose files the
+// consolidation copied) included.
+func TestRehomeSpreadWrites(t *testing.T) {
+	e, ctx, img := startLFPython(t)
+	lf := e.lfClient()
+	// 512 pages 7919 apart in a 96 MiB heap: each an island of its own,
+	// so each call's move makes 512 patches of the heap's mapping.
+	const heapMiB, perCall, calls = 96, 512, 7
+	id := "spread-" + lfRandom(3)
+	_, task := e.run(t, ctx, img, id, []string{"python3", counterPy, strconv.Itoa(heapMiB), "--interval", "0.05",
+		"--writes-per-signal", strconv.Itoa(perCall)})
+	parent := &counter{e: e, id: id, task: task}
+	parent.waitLine(t, ctx, 0, "ready ")
+	parent.waitLine(t, ctx, 0, "tick 3")
+	var forks []*counter
+	var parentMaps, forkMaps []int
+	for call := 1; call <= calls; call++ {
+		if call > 1 {
+			parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+		}
+		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
+		if err != nil {
+			t.Fatalf("call %d: %v", call, err)
+		}
+		f := e.forks(res)[0]
+		checkContinues(t, ctx, parent, f)
+		forks = append(forks, f)
+		parentMaps = append(parentMaps, mapCount(t, task.Pid()))
+		forkMaps = append(forkMaps, mapCount(t, f.task.Pid()))
+		t.Logf("call %d: parent %d mappings, its fork %d", call, parentMaps[call-1], forkMaps[call-1])
+	}
+	if grew := parentMaps[2] - parentMaps[0]; grew < 1500 {
+		t.Fatalf("two calls of %d spread writes grew the parent by %d mappings: the test no longer fragments it", perCall, grew)
+	}
+	// The move that maps the consolidation (call 5 or 6, with the
+	// interpreter's own patches) cuts the parent's mappings.
+	cut := 0
+	for c := 1; c < calls; c++ {
+		cut = max(cut, parentMaps[c-1]-parentMaps[c])
+	}
+	if cut < 1500 {
+		t.Errorf("no move cut the parent's mappings by 1500 or more (per call: %v): its fragmented heap was not consolidated", parentMaps)
+	}
+	// The last fork is restored from a dump after the consolidated move.
+	if last, peak := forkMaps[calls-1], slices.Max(forkMaps); last > peak-1000 {
+		t.Errorf("the last fork has %d mappings, the most of any fork %d (per call: %v): forks after the consolidation still carry the fragments", last, peak, forkMaps)
+	}
+	pages := heapMiB << 20 / 4096
+	for i, c := range append([]*counter{parent}, forks...) {
+		writes := (calls - 1) * perCall
+		if i > 0 {
+			writes = (i - 1) * perCall
+		}
+		want := fmt.Sprintf("verify ok pages=%d writes=%d", pages, writes)
+		if v := c.signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
+			t.Errorf("%s: %q, want %q", c.id, v, want)
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -103,7 +104,19 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		return res, err
 	}
 	linked, nothingMoved := false, false
+	var hop *preparedHop
 	defer func() {
+		if hop != nil && hop.kept {
+			// The consolidated file: recorded with the container's state
+			// (by the caller, as res.File, or here beside it).
+			defer func() {
+				if res.File == "" {
+					res.File = hop.pf.Name()
+				} else {
+					st.MovedFiles = append(st.MovedFiles, hop.pf.Name())
+				}
+			}()
+		}
 		if !nothingMoved && linked {
 			// Moved, or maybe in part (a helper that died): the processes
 			// may map the file, and a later dump needs it in their view.
@@ -128,11 +141,31 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		Freezer: freezer, Pids: pids, HostFile: pf.Path(), Inside: filepath.Join(memfile.MountPath, pf.Name()),
 		Guard: guard, Mode: int(mode), Chunk: chunk, MemDir: memfile.MountPath,
 	}
+	key := st.Namespace + "/" + st.ID
+	hop = takePrepared(key)
+	hopped := false // or maybe: a helper that failed may have mapped some
+	if hop != nil {
+		// A consolidation prepared after the last checkpoint: its regions
+		// are mapped whole from its file before the move plans.
+		defer func() { hop.finish(ctx, store, st, hopped) }()
+		if err := hop.pf.Publish(movedHolder(st.Namespace, st.ID, hop.pf.Name())); err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: publish a prepared consolidation")
+		} else if _, err := store.LinkView(st.Family, st.View, []string{hop.pf.Name()}); err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: link a prepared consolidation into the view")
+		} else {
+			hop.linked = true
+			req.Hop = &movehelper.Hop{HostFile: hop.pf.Path(), Inside: filepath.Join(memfile.MountPath, hop.pf.Name()), Regions: hop.regions}
+		}
+	}
 	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.Binary)
+	hopped = req.Hop != nil && (err != nil || reply.Hopped > 0)
 	if req.ChargedTo != "" {
 		if err := store.SetCharge(st.Family, pf.Name(), req.ChargedTo); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: record where a moved file is charged")
 		}
+	}
+	if err == nil {
+		noteMove(key, initPID, reply.Patches, reply.Hopped > 0)
 	}
 	if err != nil {
 		// The container must be as its pauser left it: frozen.
@@ -158,6 +191,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 // a hundred containers), and the container maps none of these ranges either
 // way.
 func (s *Service) freeReplaced(ctx context.Context, st *containerState, replaced []memfile.FileRange) {
+	defer s.prepareConsolidation(ctx, st)
 	if len(replaced) == 0 {
 		return
 	}
@@ -341,7 +375,11 @@ func cgroupProcs(dir string) ([]int, error) {
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration,
-		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary})
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary,
+		"consolidated": res.Helper.Hopped, "consolidated_bytes": res.Helper.HopBytes})
+	if res.Helper.HopErr != "" {
+		l = l.WithField("consolidation_refused", res.Helper.HopErr)
+	}
 	if len(res.NoNewPrivs) > 0 {
 		l = l.WithField("no_new_privs", res.NoNewPrivs)
 	}
@@ -350,4 +388,197 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 		return
 	}
 	l.Info("lazyfork: moved onto memory file")
+}
+
+// Consolidation (rehome.Fragments): a container that writes pages spread
+// over its moved heap gets a patch mapping per island of written pages at
+// each move, and its heap becomes thousands of mappings, in it and in every
+// fork restored from its dumps (about 400 bytes of kernel memory each per
+// copy, and microseconds each in every dump and move). Once a container's
+// moves fragment it fast enough (below), the checkpoint prepares a
+// consolidation after the thaw, off the pause: a new file holding its
+// fragmented regions as it sees them, copied from the family's files (they
+// never change) by the helper in its memory cgroup. The next
+// move maps each region whole from that file, with the pages written since
+// on top, and the dump that follows, and its forks, see one mapping. A
+// prepared file stays a temporary file of the store (flocked by this shim:
+// GC removes it if the shim dies) until that move publishes it, and is
+// dropped after preparedTTL unused.
+//
+// A consolidation copies whole regions (a heap) to save the mappings
+// patches made, and the regions' old files stay for as long as an earlier
+// snapshot or fork maps them: a copy of the heap for about 800 bytes of
+// kernel memory per patch per copy (two mappings). So it is a bound, not a
+// routine: once a container's moves made consolidateAfter patches since the
+// last one (8 MiB of single pages written spread over its heap; an
+// interpreter's ~65 patches per call get there after some thirty forks, a
+// parent whose writes come in runs hardly ever), which holds every fork's mapping
+// overhead near 1.6 MB and the parent's mappings far below vm.max_map_count,
+// and the pause's per-mapping cost (dump and plan) with them.
+const (
+	consolidateAfter = 2048
+	consolidateAbove = 128 // pieces of fragmented regions in one process
+	preparedTTL      = 10 * time.Minute
+)
+
+type preparedHop struct {
+	pf      *memfile.PendingFile
+	regions []movehelper.Region
+	timer   *time.Timer
+	linked  bool
+	kept    bool // mapped by the container: sealed, recorded in its state
+	// chargedTo is the memory cgroup the preparation wrote the file from.
+	chargedTo string
+}
+
+type moveNote struct {
+	pid     int
+	patches int // made since the last consolidation
+	moved   bool
+}
+
+var (
+	consolidation sync.Mutex
+	preparedHops  = map[string]*preparedHop{}
+	moveNotes     = map[string]*moveNote{}
+)
+
+// dropConsolidation forgets a container's consolidation state and removes
+// a prepared file it did not use (for the container's release; without it a
+// prepared file goes after preparedTTL).
+func dropConsolidation(ns, id string) {
+	key := ns + "/" + id
+	consolidation.Lock()
+	h := preparedHops[key]
+	delete(preparedHops, key)
+	delete(moveNotes, key)
+	consolidation.Unlock()
+	if h != nil && h.timer.Stop() {
+		h.pf.Abort()
+	}
+}
+
+// takePrepared returns the consolidation prepared for a container, if any.
+func takePrepared(key string) *preparedHop {
+	consolidation.Lock()
+	defer consolidation.Unlock()
+	h := preparedHops[key]
+	delete(preparedHops, key)
+	if h != nil && !h.timer.Stop() {
+		return nil // expired and aborted meanwhile
+	}
+	return h
+}
+
+// noteMove records a container's move for the preparation after the thaw.
+func noteMove(key string, pid, patches int, consolidated bool) {
+	consolidation.Lock()
+	defer consolidation.Unlock()
+	n := moveNotes[key]
+	if n == nil || consolidated {
+		n = &moveNote{}
+		moveNotes[key] = n
+	}
+	n.pid, n.moved = pid, true
+	n.patches += patches
+}
+
+// finish seals a prepared file the move mapped (or may have: its helper
+// failed), or drops it.
+func (h *preparedHop) finish(ctx context.Context, store *memfile.Store, st *containerState, hopped bool) {
+	if hopped {
+		if err := h.pf.Seal(); err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: seal a consolidated memory file")
+		}
+		if h.chargedTo != "" {
+			if err := store.SetCharge(st.Family, h.pf.Name(), h.chargedTo); err != nil {
+				log.G(ctx).WithError(err).Warn("lazyfork: record where a consolidated file is charged")
+			}
+		}
+		h.kept = true
+		return
+	}
+	if h.linked {
+		os.Remove(filepath.Join(store.ViewDir(st.View), h.pf.Name()))
+	}
+	h.pf.Abort()
+}
+
+// prepareConsolidation prepares a consolidation for a container whose moves
+// fragment it fast enough (see above). It runs after the thaw; failures only
+// cost the consolidation.
+func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) {
+	key := st.Namespace + "/" + st.ID
+	consolidation.Lock()
+	n := moveNotes[key]
+	ready := n != nil && n.moved && n.patches >= consolidateAfter
+	pid := 0
+	if n != nil {
+		n.moved = false
+		pid = n.pid
+	}
+	consolidation.Unlock()
+	if !ready || st.View == "" {
+		return
+	}
+	t0 := time.Now()
+	l := log.G(ctx).WithField("id", st.ID)
+	freezer, err := freezerCgroup(pid)
+	var pids []int
+	if err == nil {
+		pids, err = cgroupProcs(freezer)
+	}
+	store, serr := s.Store()
+	if err = errors.Join(err, serr); err != nil {
+		l.WithError(err).Debug("lazyfork: no consolidation prepared")
+		return
+	}
+	var maxBytes int64
+	if path, _, err := procfs.Cgroup(pid, "memory"); err == nil {
+		if limit, usage, ok, err := cgroupmem.Limit(path); err == nil && ok {
+			maxBytes = max(limit-usage-2*minMoveChunk, 1)
+		}
+	}
+	pf, err := store.CreateFile(st.Family)
+	if err != nil {
+		l.WithError(err).Warn("lazyfork: prepare a consolidation")
+		return
+	}
+	req := movehelper.Request{
+		Prepare: true, Freezer: freezer, Pids: pids, HostFile: pf.Path(), HostDir: store.ViewDir(st.View),
+		MemDir: memfile.MountPath, PrepareAbove: consolidateAbove, MaxBytes: maxBytes,
+	}
+	var binary string
+	reply, err := s.runRehomeHelper(ctx, pid, &req, &binary)
+	if err == nil && reply.Err != "" {
+		err = errors.New(reply.Err)
+	}
+	if err != nil || len(reply.Regions) == 0 {
+		pf.Abort()
+		consolidation.Lock()
+		if n := moveNotes[key]; n != nil {
+			n.patches = 0 // not fragmented enough yet: counted again
+		}
+		consolidation.Unlock()
+		if err != nil {
+			l.WithError(err).Warn("lazyfork: prepare a consolidation")
+		}
+		return
+	}
+	h := &preparedHop{pf: pf, regions: reply.Regions, chargedTo: req.ChargedTo}
+	consolidation.Lock()
+	if old := preparedHops[key]; old != nil && old.timer.Stop() {
+		old.pf.Abort()
+	}
+	preparedHops[key] = h
+	h.timer = time.AfterFunc(preparedTTL, func() {
+		consolidation.Lock()
+		if preparedHops[key] == h {
+			delete(preparedHops, key)
+		}
+		consolidation.Unlock()
+		pf.Abort()
+	})
+	consolidation.Unlock()
+	l.WithFields(log.Fields{"regions": len(reply.Regions), "bytes": reply.Prepared, "duration": time.Since(t0)}).Info("lazyfork: consolidation prepared")
 }

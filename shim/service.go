@@ -338,6 +338,7 @@ func (s *Service) release(ctx context.Context, c *container) error {
 }
 
 func releaseContainer(ctx context.Context, cfg Config, st *containerState) error {
+	dropConsolidation(st.Namespace, st.ID)
 	if st.Snapshot != "" {
 		unmountRestoreLeftovers(ctx, st.Namespace, st.ID)
 		removeCgroup(ctx, st.CgroupsPath)

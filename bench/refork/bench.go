@@ -331,6 +331,18 @@ func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 			c.moved = ms[len(ms)-1]
 		}
 		c.parent = parentMem(pcg, pid)
+		if b.cfg.breakdown {
+			fmt.Fprintf(os.Stderr, "  call %2d phases: %s\n", i, b.phases(parent.ID))
+			time.Sleep(time.Second)
+			if fcg, err := b.cgroupPath(ctx, res.Forks[0].Container); err == nil {
+				fpid := 0
+				if t, err := res.Forks[0].Container.Task(ctx, nil); err == nil {
+					fpid = int(t.Pid())
+				}
+				fmt.Fprintf(os.Stderr, "  call %2d fork:   %s\n", i, memBreakdown(fcg, fpid))
+			}
+			fmt.Fprintf(os.Stderr, "  call %2d parent: %s\n", i, memBreakdown(pcg, pid))
+		}
 		if !b.cfg.keepForks {
 			b.remove(ctx, res.Forks[0].Container)
 			made = made[:len(made)-1]

@@ -48,12 +48,13 @@ func main() {
 	keepForks := flag.Bool("keep-forks", false, "keep each call's fork running until the parent's configuration ends (off-mode forks each hold a whole heap file)")
 	modeList := flag.String("modes", strings.Join(modes, ","), "series to run per heap size")
 	out := flag.String("out", "", "results directory (default: bench/results in the source tree)")
+	breakdown := flag.Bool("breakdown", false, "print each call's phases (the shim's move and checkpoint fields) and its fork's memory (VMAs, smaps_rollup, page tables, cgroup memory.stat, kmem and its largest slabs), and the parent's")
 	flag.Parse()
 	if err := selectModes(*modeList); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-refork:", err)
 		os.Exit(2)
 	}
-	cfg := config{calls: *calls, writePages: *writeKiB / 4, totalForks: *totalForks, plainRuns: *plainRuns, firstRuns: *firstRuns, keepForks: *keepForks}
+	cfg := config{calls: *calls, writePages: *writeKiB / 4, totalForks: *totalForks, plainRuns: *plainRuns, firstRuns: *firstRuns, keepForks: *keepForks, breakdown: *breakdown}
 	var err error
 	if cfg.heaps, err = sizes(*heaps); err == nil {
 		cfg.totalHeaps, err = sizes(*totalHeaps)
@@ -75,6 +76,7 @@ type config struct {
 	plainRuns         int
 	firstRuns         int
 	keepForks         bool
+	breakdown         bool
 }
 
 // selectModes narrows modes to the comma-separated list, keeping their order.

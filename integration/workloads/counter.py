@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """counter.py: the workload of LazyFork's container tests and benchmarks.
 
-Usage: python3 counter.py HEAP_MIB [--out FILE] [--interval SECONDS]
+Usage: python3 counter.py HEAP_MIB [--out FILE] [--interval SECONDS] [--writes-per-signal N]
 
 Python 3 standard library only, and only modules python3-minimal has (no mmap,
 no ctypes). In the python test image it lives at
@@ -22,7 +22,9 @@ Protocol (one line per event on stdout, flushed; also appended to FILE with --ou
       (W = markers this process wrote itself, which its verify expects)
   wrote page=I writes=W             on SIGUSR2: a marker ("lazyfork-write-W")
       was written at the start of page I; this process expects it from then on,
-      another copy must not see it.
+      another copy must not see it. With --writes-per-signal N, N markers go to
+      N pages 7919 apart (each a page of its own until the heap is covered)
+      and the line names the last.
   exit ticks=N                      on SIGTERM, then exit status 0.
 
 Signals are acted on by the main loop, between ticks (within one interval). Send
@@ -103,20 +105,27 @@ class Counter:
             self.emit("verify BAD page=%d first_bad_offset=%d got=%s want=%s bad_pages=%d writes=%d"
                       % (i, off, g, w, bad, self.writes))
 
-    def write(self):
+    def write(self, n=1):
+        for _ in range(n - 1):
+            self.write_one()
+        i = self.write_one()
+        self.emit("wrote page=%d writes=%d" % (i, self.writes))
+
+    def write_one(self):
         self.writes += 1
         # Spread the pages over the heap; a page is written at most once per pass.
         i = (self.writes * 7919) % self.npages
         m = marker(self.writes)
         self.heap[i * PAGE:i * PAGE + len(m)] = m
         self.written[i] = m
-        self.emit("wrote page=%d writes=%d" % (i, self.writes))
+        return i
 
 
 def main(argv):
     args = argv[1:]
     out = None
     interval = 0.1
+    per_signal = 1
     pos = []
     while args:
         a = args.pop(0)
@@ -124,13 +133,15 @@ def main(argv):
             out = args.pop(0)
         elif a == "--interval" and args:
             interval = float(args.pop(0))
+        elif a == "--writes-per-signal" and args and args[0].isdigit() and int(args[0]) >= 1:
+            per_signal = int(args.pop(0))
         elif a in ("-h", "--help"):
             sys.stdout.write(__doc__)
             return 0
         else:
             pos.append(a)
     if len(pos) != 1 or not pos[0].isdigit() or int(pos[0]) < 1:
-        sys.stderr.write("usage: counter.py HEAP_MIB [--out FILE] [--interval SECONDS]\n")
+        sys.stderr.write("usage: counter.py HEAP_MIB [--out FILE] [--interval SECONDS] [--writes-per-signal N]\n")
         return 2
     pending = []
 
@@ -150,7 +161,7 @@ def main(argv):
             if s == signal.SIGUSR1:
                 c.verify()
             elif s == signal.SIGUSR2:
-                c.write()
+                c.write(per_signal)
             elif s == signal.SIGTERM:
                 c.emit("exit ticks=%d" % n)
                 return 0

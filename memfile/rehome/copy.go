@@ -163,6 +163,11 @@ func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn f
 	held := func(e uint64) bool {
 		return e&pmSwapped != 0 || (e&pmPresent != 0 && (zero == 0 || e&pmPFN != zero))
 	}
+	if v.Prepared {
+		// The slot holds the files' bytes: only the process's own
+		// copies (anonymous pages inside the file mappings) go on top.
+		held = func(e uint64) bool { return e&pmSwapped != 0 || e&pmPresent != 0 && e&pmFilePage == 0 }
+	}
 	for addr := start; addr < end; {
 		n := min((end-addr)/pageSize, uint64(len(pmbuf)/8))
 		pmb := pmbuf[:n*8]
@@ -236,6 +241,15 @@ func (c *copier) run(v VMA, addr, n uint64) error {
 		}
 	}
 	base := v.Offset() + int64(addr-v.Start)
+	if v.Prepared {
+		// Zeros too: the slot holds the file's bytes there, not a hole.
+		w, err := c.f.WriteAt(b, base)
+		c.written += int64(w)
+		if err != nil {
+			return fmt.Errorf("rehome: memory file %s: write %v: %w", c.f.Name(), v, err)
+		}
+		return nil
+	}
 	for i := uint64(0); i < n; {
 		if bytes.Equal(b[i*pageSize:(i+1)*pageSize], zeroPage[:]) {
 			i++

@@ -830,6 +830,12 @@ func checkVMAs(pid int, vmas []VMA) error {
 		}
 	}
 	for _, v := range vmas {
+		if v.Prepared {
+			if err := checkPieces(pid, b, v); err != nil {
+				return err
+			}
+			continue
+		}
 		// A patch is a part of a mapping; any other VMA a whole one.
 		found := slices.ContainsFunc(cur, func(c VMA) bool {
 			return c.Prot == v.Prot && c.Start <= v.Start && v.End <= c.End && (v.Whole || c.Start == v.Start && c.End == v.End)

@@ -34,18 +34,54 @@ type Request struct {
 	Mode     int    `json:"mode"`     // madvguard.Mode of the guard
 	Chunk    uint64 `json:"chunk"`    // bytes copied and mapped at a time
 	MemDir   string `json:"memDir"`   // where the processes see memory files
+	// Prepare asks for the first step of a consolidation instead of a move
+	// (rehome.Fragments, rehome.PrepareRegions): the processes run, nothing
+	// is seized. Each process with more than PrepareAbove pieces in
+	// fragmented regions gets its regions copied into HostFile from the
+	// files in HostDir (the family's files on the host), if all of them
+	// fit in MaxBytes; Reply.Regions lists what was prepared.
+	Prepare      bool   `json:"prepare,omitempty"`
+	HostDir      string `json:"hostDir,omitempty"`
+	PrepareAbove int    `json:"prepareAbove,omitempty"`
+	MaxBytes     int64  `json:"maxBytes,omitempty"`
+	// Hop, with a move: regions prepared earlier, mapped from their file
+	// (with the pages written since on top) before the move plans.
+	Hop *Hop `json:"hop,omitempty"`
 	// ChargedTo is the memory cgroup the helper writes the file from (the
 	// container's, unless it could not join it): not sent, for the record.
 	ChargedTo string `json:"-"`
 }
 
+// Hop is the second step of a consolidation: the prepared file and its
+// regions.
+type Hop struct {
+	HostFile string   `json:"hostFile"`
+	Inside   string   `json:"inside"`
+	Regions  []Region `json:"regions"`
+}
+
+// Region is a prepared region of one process.
+type Region struct {
+	Pid int        `json:"pid"`
+	VMA rehome.VMA `json:"vma"`
+}
+
 // Reply is the helper's answer (JSON on stdout).
 type Reply struct {
+	// Regions are the regions a Prepare copied (Prepared bytes).
+	Regions  []Region `json:"regions,omitempty"`
+	Prepared int64    `json:"prepared,omitempty"`
+	// Hopped counts the regions a Hop mapped from its file; HopErr says
+	// why others were not (they keep their mappings).
+	Hopped   int    `json:"hopped,omitempty"`
+	HopBytes int64  `json:"hopBytes,omitempty"` // written since the preparation, on top
+	HopErr   string `json:"hopErr,omitempty"`
 	// Replaced are the ranges of older memory files whose pages the
 	// processes no longer map (written since, now moved), for
 	// Store.PunchUnused; only from a move that finished.
 	Replaced []FileRange `json:"replaced,omitempty"`
 	VMAs     int         `json:"vmas"`               // VMAs moved whole
+	Patches  int         `json:"patches,omitempty"`  // of which patches of memory-file mappings (each splits one)
 	Bytes    int64       `json:"bytes"`              // bytes written into the file
 	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
 	Calls    int         `json:"calls"`              // pwrite calls the processes made
@@ -68,7 +104,12 @@ func Run(stdin io.Reader, stdout io.Writer) error {
 	// stdin closes once the shim has put this process into the container's
 	// memory cgroup.
 	joined := sync.OnceFunc(func() { io.Copy(io.Discard, io.MultiReader(dec.Buffered(), stdin)) })
-	reply := moveAll(&req, joined)
+	var reply Reply
+	if req.Prepare {
+		reply = prepare(&req, joined)
+	} else {
+		reply = moveAll(&req, joined)
+	}
 	// Not before the shim is done with this process's pid, even when
 	// nothing moved.
 	joined()
@@ -100,8 +141,45 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			reply.Err = err.Error()
 		}
 	}()
+	var hop *os.File
+	if req.Hop != nil && len(req.Hop.Regions) > 0 {
+		if hop, err = os.OpenFile(req.Hop.HostFile, os.O_RDWR, 0); err != nil {
+			reply.HopErr = err.Error()
+		} else {
+			defer hop.Close()
+		}
+	}
 	slot := 0
 	for _, pid := range req.Pids {
+		if hop != nil {
+			// Prepared regions first: the plan below then finds no
+			// written page in them to patch.
+			var regions []rehome.VMA
+			for _, r := range req.Hop.Regions {
+				if r.Pid == pid {
+					regions = append(regions, r.VMA)
+				}
+			}
+			if len(regions) > 0 {
+				joined()
+				t2 := time.Now()
+				done, cs, err := tr.MoveFile(pid, hop, req.Hop.Inside, regions, req.Chunk)
+				reply.Move += time.Since(t2)
+				reply.Calls += cs.Calls
+				reply.HopBytes += cs.Bytes
+				reply.Hopped += len(done)
+				for _, v := range done {
+					for _, p := range v.Pieces {
+						reply.Replaced = append(reply.Replaced, FileRange{File: filepath.Base(p.Path), Off: p.Offset, Len: p.End - p.Start})
+					}
+				}
+				if err != nil {
+					// The regions not done keep their mappings; the
+					// move goes on.
+					reply.HopErr = fmt.Sprintf("process %d: %v", pid, err)
+				}
+			}
+		}
 		// Written pages inside mappings of memory files are planned too:
 		// after a move, nothing the processes wrote stays private.
 		t1 := time.Now()
@@ -136,6 +214,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		reply.VMAs += len(done)
 		for _, v := range done {
 			if v.Replaces != "" {
+				reply.Patches++
 				reply.Replaced = append(reply.Replaced, FileRange{
 					File: filepath.Base(strings.TrimSuffix(v.Replaces, " (deleted)")), Off: v.ReplacesOffset, Len: v.Len()})
 			}
@@ -160,6 +239,72 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 				errs = append(errs, fmt.Errorf("process %d: madvise guard: %w", pid, err))
 			}
 		}
+	}
+	return reply
+}
+
+// MinRegionPieces is the fewest mappings a region needs to be consolidated.
+const MinRegionPieces = 16
+
+// prepare is the first step of a consolidation (Request.Prepare).
+func prepare(req *Request, joined func()) (reply Reply) {
+	fail := func(err error) Reply { reply.Err = err.Error(); return reply }
+	type plan struct {
+		pid     int
+		regions []rehome.VMA
+	}
+	var plans []plan
+	var bytes uint64
+	slot := 0
+	for _, pid := range req.Pids {
+		all, err := rehome.Fragments(pid, req.MemDir)
+		if err != nil {
+			return fail(err)
+		}
+		// A few adjacent mappings are what any move leaves (each VMA in
+		// its own slot): only regions patches cut up are worth a copy.
+		var regions []rehome.VMA
+		for _, r := range all {
+			if len(r.Pieces) >= MinRegionPieces {
+				r.Slot = len(regions)
+				regions = append(regions, r)
+			}
+		}
+		if rehome.Pieces(regions) <= req.PrepareAbove {
+			continue
+		}
+		for i := range regions {
+			regions[i].Slot += slot
+			bytes += regions[i].Len()
+		}
+		slot += len(regions)
+		plans = append(plans, plan{pid, regions})
+	}
+	if len(plans) == 0 {
+		return reply
+	}
+	if req.MaxBytes > 0 && bytes > uint64(req.MaxBytes) {
+		return fail(fmt.Errorf("consolidating %d MiB of fragmented mappings needs more than the %d MiB of headroom under the memory limit", bytes>>20, req.MaxBytes>>20))
+	}
+	f, err := os.OpenFile(req.HostFile, os.O_RDWR, 0)
+	if err != nil {
+		return fail(err)
+	}
+	defer f.Close()
+	joined() // the copy is charged to the container
+	var errs []error
+	for _, p := range plans {
+		done, n, err := rehome.PrepareRegions(p.regions, req.HostDir, f)
+		reply.Prepared += n
+		for _, v := range done {
+			reply.Regions = append(reply.Regions, Region{Pid: p.pid, VMA: v})
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("process %d: %w", p.pid, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		reply.Err = err.Error()
 	}
 	return reply
 }

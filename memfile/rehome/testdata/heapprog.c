@@ -7,6 +7,8 @@
 //                  blocking calls that failed (EINTR or worse): none should
 //   mark        -> writes a marker into the first heap page -> "marked"
 //   madv A L    -> madvise(A, L, MADV_DONTNEED) -> "madv 0" or "madv ERRNO"
+//   spread S O  -> flips word 1 of heap pages O, O+S, O+2S... (verify
+//                  expects them flipped) -> "spread N" (pages written)
 //   quit
 // It prints "heap ADDR LEN", "brk ADDR LEN", "spare ADDR LEN" and "ready".
 #define _GNU_SOURCE
@@ -27,6 +29,7 @@ static uint64_t *brkmem;
 static size_t brk_len = 1 << 20;
 static uint64_t *small[1000];
 static int marked;
+static unsigned char *flips; // per heap page: word 1 flipped
 static volatile unsigned long ticks, t1, t2, t3, errs;
 
 static uint64_t pat(uint64_t page, uint64_t word) { return (page << 20) ^ (word * 0x9e3779b97f4a7c15ull) ^ 0x5a5a; }
@@ -40,6 +43,17 @@ static long check(uint64_t *p, size_t len, uint64_t tag) {
 	size_t words = len / 8;
 	for (size_t i = 0; i < words; i++)
 		if (p[i] != pat(tag + i / 512, i % 512)) return (long)i;
+	return -1;
+}
+
+// check_heap is check of the heap with the spread flips.
+static long check_heap(void) {
+	size_t words = heap_len / 8;
+	for (size_t i = marked ? 512 : 0; i < words; i++) {
+		uint64_t want = pat(i / 512, i % 512);
+		if (i % 512 == 1 && flips[i / 512]) want ^= 0xff;
+		if (heap[i] != want) return (long)i;
+	}
 	return -1;
 }
 
@@ -80,6 +94,7 @@ int main(int argc, char **argv) {
 	heap_len = mib << 20;
 	heap = malloc(heap_len);
 	fill(heap, heap_len, 0);
+	flips = calloc(heap_len / 4096, 1);
 	brkmem = sbrk(brk_len);
 	fill(brkmem, brk_len, 1 << 24);
 	for (int i = 0; i < 1000; i++) { small[i] = malloc(100); memset(small[i], i & 0xff, 100); }
@@ -101,7 +116,7 @@ int main(int argc, char **argv) {
 		if (n <= 0) continue;
 		if (!fgets(line, sizeof line, stdin)) return 0;
 		if (!strncmp(line, "verify", 6)) {
-			long bad = check(heap + (marked ? 512 : 0), heap_len - (marked ? 4096 : 0), marked ? 1 : 0);
+			long bad = check_heap();
 			long badb = check(brkmem, brk_len, 1 << 24);
 			int bads = -1;
 			for (int i = 0; i < 1000 && bads < 0; i++)
@@ -120,6 +135,14 @@ int main(int argc, char **argv) {
 			sscanf(line + 5, "%lx %lx", &a, &l);
 			int r = madvise((void *)a, l, MADV_DONTNEED);
 			printf("madv %d\n", r ? errno : 0);
+		} else if (!strncmp(line, "spread ", 7)) {
+			unsigned long st, o, n = 0;
+			sscanf(line + 7, "%lu %lu", &st, &o);
+			for (size_t pg = o; st && pg < heap_len / 4096; pg += st, n++) {
+				heap[pg * 512 + 1] ^= 0xff;
+				flips[pg] ^= 1;
+			}
+			printf("spread %lu\n", n);
 		} else if (!strncmp(line, "quit", 4)) {
 			return 0;
 		}

@@ -1,0 +1,264 @@
+package rehome
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// Consolidation: a process that keeps writing pages spread over a moved
+// heap gets, at each move, one patch mapping per island of written pages
+// (PlanOptions.MemDir): its heap becomes thousands of mappings of a dozen
+// files, and so does every fork restored from its dumps. Each mapping costs
+// the kernel about 400 bytes in every copy (vm_area_struct, struct file,
+// maple nodes: measured 391 bytes per VMA of a fork's kmem), and every later
+// dump and move a few microseconds (CRIU and smaps read each one).
+//
+// A consolidation puts such a fragmented region back into one mapping of one
+// new file, in two steps:
+//
+//   - Fragments and PrepareRegions, while the process runs: a region is a
+//     run of address-adjacent private mappings of memory files with one
+//     protection. Its bytes, as the process sees them where it did not write
+//     since, are the files' bytes at each piece's offset: the files never
+//     change (sealed), so they are copied (copy_file_range, holes kept) into
+//     a slot of the new file without stopping the process.
+//   - Move of the region with Prepared set, while the process is stopped: its
+//     pieces must still be exactly the recorded ones (same ranges, files and
+//     offsets); the pages it wrote (its private copies: anonymous pages
+//     inside the file mappings, or swapped) are written into the slot on top,
+//     zeros included, and the whole region is mapped from the slot at once.
+//     The process then holds one mapping and no private page there, and its
+//     next dump holds none of it.
+//
+// A region whose pieces changed between the two steps is refused by the move
+// (its slot is wasted; the process keeps its mappings).
+
+// Piece is one mapping of a fragmented region, as /proc/pid/maps shows it.
+type Piece struct {
+	Start, End uint64
+	Offset     uint64 // file offset of Start
+	Dev        string // maps' major:minor (hex)
+	Inode      uint64
+	Path       string // the file as the process sees it
+}
+
+// Fragments returns the fragmented regions of process pid: runs of at least
+// two address-adjacent private mappings of files under memDir (as the
+// process sees them) with one protection and none of the VmFlags of
+// skipFlags, each a VMA with Prepared set and its Pieces, slots 0, 1, 2...
+// It reads /proc/pid/smaps (the process may run).
+func Fragments(pid int, memDir string) ([]VMA, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return nil, fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	var out []VMA
+	var cur VMA // the region being built
+	var piece Piece
+	var pieceOK bool
+	var hv VMA // the header of the mapping being read
+	flush := func() {
+		if len(cur.Pieces) >= 2 {
+			cur.Slot = len(out)
+			cur.Pages = cur.Len() / pageSize
+			out = append(out, cur)
+		}
+		cur = VMA{}
+	}
+	for l := range bytes.SplitSeq(b, []byte("\n")) {
+		if rest, found := bytes.CutPrefix(l, []byte("VmFlags:")); found {
+			flags, skip := 0, false
+			for _, fl := range bytes.Fields(rest) {
+				skip = skip || skipFlags[string(fl)]
+				if string(fl) == "nr" {
+					flags |= unix.MAP_NORESERVE
+				}
+			}
+			if !pieceOK || skip {
+				flush()
+				continue
+			}
+			if len(cur.Pieces) > 0 && (cur.End != piece.Start || cur.Prot != hv.Prot || cur.Flags != flags) {
+				flush()
+			}
+			if len(cur.Pieces) == 0 {
+				cur = VMA{Start: piece.Start, Prot: hv.Prot, Flags: flags, Prepared: true, Name: "(consolidated)"}
+			}
+			cur.End = piece.End
+			cur.Pieces = append(cur.Pieces, piece)
+			continue
+		}
+		v, _, isHeader := parseHeader(l)
+		if !isHeader {
+			continue
+		}
+		hv = v
+		piece, pieceOK = Piece{}, false
+		if memFileMapping(l, memDir) && !strings.HasSuffix(v.Name, " (deleted)") {
+			fs := bytes.Fields(l)
+			ino, _ := strconv.ParseUint(string(fs[4]), 10, 64)
+			piece = Piece{Start: v.Start, End: v.End, Offset: v.FileOffset, Dev: string(fs[3]), Inode: ino, Path: v.Name}
+			pieceOK = true
+		}
+	}
+	flush()
+	return out, nil
+}
+
+// Pieces counts the pieces of regions.
+func Pieces(regions []VMA) int {
+	n := 0
+	for _, r := range regions {
+		n += len(r.Pieces)
+	}
+	return n
+}
+
+// PrepareRegions copies the bytes of each region's pieces from their files,
+// found by base name in hostDir (the family's files as the caller sees
+// them), into f at the region's slot (the piece at its place in the
+// region), keeping holes. A piece whose file is not the one the process
+// maps (device and inode) fails its region. It returns the regions
+// prepared and the bytes copied; the others are left out, with their
+// errors joined.
+func PrepareRegions(regions []VMA, hostDir string, f *os.File) ([]VMA, int64, error) {
+	var done []VMA
+	var copied int64
+	var errs []error
+	if err := extend(0, regions, f); err != nil {
+		return nil, 0, err
+	}
+	files := map[string]*os.File{}
+	defer func() {
+		for _, sf := range files {
+			sf.Close()
+		}
+	}()
+regions:
+	for _, r := range regions {
+		if !r.Prepared || len(r.Pieces) == 0 {
+			errs = append(errs, fmt.Errorf("rehome: region %v has no pieces: %w", r, errdefs.ErrInvalidArgument))
+			continue
+		}
+		for _, p := range r.Pieces {
+			src, ok := files[p.Path]
+			if !ok {
+				var err error
+				src, err = openPiece(hostDir, p)
+				if err != nil {
+					errs = append(errs, err)
+					continue regions
+				}
+				files[p.Path] = src
+			}
+			n, err := copyRange(f, r.Offset()+int64(p.Start-r.Start), src, int64(p.Offset), int64(p.End-p.Start))
+			copied += n
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rehome: region %v: copy %s at %#x: %w", r, p.Path, p.Offset, err))
+				continue regions
+			}
+		}
+		done = append(done, r)
+	}
+	return done, copied, errors.Join(errs...)
+}
+
+// openPiece opens the host's copy of the file a piece maps and checks it is
+// that file.
+func openPiece(hostDir string, p Piece) (*os.File, error) {
+	path := filepath.Join(hostDir, filepath.Base(p.Path))
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("rehome: memory file %s of %#x-%#x: %w", path, p.Start, p.End, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
+		src.Close()
+		return nil, err
+	}
+	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
+	if st.Ino != p.Inode || dev != p.Dev {
+		src.Close()
+		return nil, fmt.Errorf("rehome: memory file %s is %s %d, the process maps %s %d at %#x: %w",
+			path, dev, st.Ino, p.Dev, p.Inode, p.Start, errdefs.ErrFailedPrecondition)
+	}
+	return src, nil
+}
+
+// copyRange copies n bytes of src at off into dst at dstOff, data ranges
+// only (SEEK_DATA/SEEK_HOLE): holes stay holes. It returns the bytes copied.
+func copyRange(dst *os.File, dstOff int64, src *os.File, off, n int64) (int64, error) {
+	var copied int64
+	start, end := off, off+n
+	for off < end {
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if err != nil {
+			if errors.Is(err, unix.ENXIO) {
+				return copied, nil // holes to the end of the file
+			}
+			return copied, err
+		}
+		if data >= end {
+			return copied, nil
+		}
+		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return copied, err
+		}
+		hole = min(hole, end)
+		for data < hole {
+			in, out := data, dstOff+(data-start)
+			w, err := unix.CopyFileRange(int(src.Fd()), &in, int(dst.Fd()), &out, int(hole-data), 0)
+			if err != nil {
+				return copied, err
+			}
+			if w == 0 {
+				return copied, io.ErrUnexpectedEOF
+			}
+			copied += int64(w)
+			data += int64(w)
+		}
+		off = hole
+	}
+	return copied, nil
+}
+
+// checkPieces verifies, against maps (the content of /proc/pid/maps), that
+// the mappings of process pid inside region r are exactly r's pieces: same
+// ranges, protection, files and offsets.
+func checkPieces(pid int, maps []byte, r VMA) error {
+	changed := func(why string) error {
+		return fmt.Errorf("rehome: process %d: region %v changed since it was prepared (%s): %w", pid, r, why, errdefs.ErrFailedPrecondition)
+	}
+	i := 0
+	for l := range bytes.SplitSeq(maps, []byte("\n")) {
+		v, _, ok := parseHeader(l)
+		if !ok || v.End <= r.Start || v.Start >= r.End {
+			continue
+		}
+		if i >= len(r.Pieces) {
+			return changed("more mappings")
+		}
+		p := r.Pieces[i]
+		fs := bytes.Fields(l)
+		ino, _ := strconv.ParseUint(string(fs[4]), 10, 64)
+		if v.Start != p.Start || v.End != p.End || v.FileOffset != p.Offset || v.Prot != r.Prot ||
+			string(fs[3]) != p.Dev || ino != p.Inode || len(fs[1]) != 4 || fs[1][3] != 'p' {
+			return changed(fmt.Sprintf("%#x-%#x", v.Start, v.End))
+		}
+		i++
+	}
+	if i != len(r.Pieces) {
+		return changed("mappings gone")
+	}
+	return nil
+}

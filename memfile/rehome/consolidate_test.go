@@ -1,0 +1,233 @@
+package rehome
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+// heapMappings counts the mappings of process pid inside [start, end).
+func heapMappings(t testing.TB, pid int, start, end uint64) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, _, ok := parseHeader([]byte(l)); ok && v.End > start && v.Start < end {
+			n++
+		}
+	}
+	return n
+}
+
+// spread has p flip word 1 of heap pages off, off+stride... and records
+// them in flips: the test's own account of what p wrote (p's is in its
+// memory, which a lost write could turn back with it).
+func spread(t testing.TB, p *prog, flips map[uint64]bool, stride, off uint64) {
+	t.Helper()
+	if l := p.cmdLine(fmt.Sprintf("spread %d %d", stride, off)); !strings.HasPrefix(l, "spread ") {
+		t.Fatalf("spread: %q", l)
+	}
+	for pg := off; pg < p.heap[1]/pageSize; pg += stride {
+		flips[pg] = !flips[pg]
+	}
+}
+
+// checkFlips reads p's heap through /proc/pid/mem and checks word 1 of
+// every page against flips, and then has p verify the rest.
+func checkFlips(t testing.TB, p *prog, flips map[uint64]bool) {
+	t.Helper()
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", p.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	b := make([]byte, p.heap[1])
+	if _, err := mem.ReadAt(b, int64(p.heap[0])); err != nil {
+		t.Fatal(err)
+	}
+	bad := 0
+	for pg := uint64(0); pg < p.heap[1]/pageSize; pg++ {
+		want := pat(pg, 1)
+		if flips[pg] {
+			want ^= 0xff
+		}
+		if got := binary.LittleEndian.Uint64(b[pg*pageSize+8:]); got != want {
+			if bad < 5 {
+				t.Errorf("heap page %d word 1 = %#x, want %#x (flipped %v)", pg, got, want, flips[pg])
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d heap pages lost what the process wrote", bad)
+	}
+	p.verify()
+}
+
+// patchMove is a later move of p: the pages it wrote inside its mappings of
+// files under dir become patches mapped from a new file, name.
+func patchMove(t testing.TB, p *prog, dir, name string) {
+	t.Helper()
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := tr.Detach(); err != nil {
+			t.Error(err)
+		}
+	}()
+	vmas, err := PlanWith(p.pid, PlanOptions{MemDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, _, err := tr.MoveFile(p.pid, f, f.Name(), vmas, 0); err != nil {
+		t.Fatalf("patch move: %v", err)
+	}
+}
+
+// fragment moves p onto dir/a, then has it write pages spread over its heap
+// and moves them three times, as a parent forked after spread writes: its
+// heap becomes hundreds of mappings.
+func fragment(t *testing.T) (*prog, string, map[uint64]bool) {
+	p := startProg(t, 64)
+	dir := tmpfs(t)
+	rehome(t, p, "", filepath.Join(dir, "a"))
+	flips := map[uint64]bool{}
+	for r := range 3 {
+		spread(t, p, flips, 29, uint64(r))
+		patchMove(t, p, dir, fmt.Sprintf("m%d", r))
+		checkFlips(t, p, flips)
+	}
+	return p, dir, flips
+}
+
+// TestConsolidateSpreadWrites: a heap fragmented by spread writes and their
+// patch moves is put back into one mapping by a consolidation (prepared
+// while the process runs, pages written after the preparation included),
+// holds no private page, and verifies; the file keeps its bytes under the
+// process's later writes.
+func TestConsolidateSpreadWrites(t *testing.T) {
+	p, dir, flips := fragment(t)
+	hs, he := p.heap[0]&^(pageSize-1), p.heap[0]+p.heap[1]
+	before := heapMappings(t, p.pid, hs, he)
+	t.Logf("heap in %d mappings after three spread moves", before)
+	if before < 200 {
+		t.Fatalf("heap in %d mappings: the spread moves did not fragment it", before)
+	}
+
+	regions, err := Fragments(p.pid, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heapR := vmaAt(t, regions, p.heap[0])
+	t.Logf("%d regions, %d pieces; heap region %v in %d pieces", len(regions), Pieces(regions), heapR, len(heapR.Pieces))
+	c, err := os.Create(filepath.Join(dir, "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prepared, n, err := PrepareRegions(regions, dir, c)
+	if err != nil || len(prepared) != len(regions) {
+		t.Fatalf("PrepareRegions: %d of %d regions: %v", len(prepared), len(regions), err)
+	}
+	t.Logf("prepared %d MiB", n>>20)
+
+	// Written after the preparation, and some pages written back (flipped
+	// twice: their bytes are the file's again, in private copies).
+	spread(t, p, flips, 31, 7)
+	spread(t, p, flips, 29, 0)
+
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, st, err := tr.MoveFile(p.pid, c, c.Name(), prepared, 0)
+	if derr := tr.Detach(); derr != nil {
+		t.Error(derr)
+	}
+	if err != nil || len(done) != len(prepared) {
+		t.Fatalf("consolidating move: %d of %d regions: %v", len(done), len(prepared), err)
+	}
+	t.Logf("consolidated: %+v", st)
+	checkFlips(t, p, flips)
+
+	after := heapMappings(t, p.pid, hs, he)
+	hdr, fl := smapsEntry(t, p.pid, p.heap[0])
+	t.Logf("heap in %d mappings: %s, Anonymous %d kB", after, hdr, fl["Anonymous"])
+	if after > 3 {
+		t.Errorf("heap in %d mappings after the consolidation, want one (a malloc'd block may share its ends)", after)
+	}
+	if !strings.HasSuffix(hdr, c.Name()) {
+		t.Errorf("heap maps %s, not the consolidated file", hdr)
+	}
+	// (The region may hold a thread's stack too, which it writes on.)
+	if fl["Anonymous"] > 256 {
+		t.Errorf("heap region holds %d kB of private pages after the consolidation, of %d kB written", fl["Anonymous"], st.Bytes>>10)
+	}
+
+	// Later writes stay private; the file keeps the bytes of the move.
+	patchMove(t, p, dir, "m9") // nothing from c is written
+	spread(t, p, flips, 101, 3)
+	checkFlips(t, p, flips)
+	if after2 := heapMappings(t, p.pid, hs, he); after2 != after {
+		t.Logf("heap in %d mappings after more writes", after2)
+	}
+}
+
+// TestConsolidateRefusesChangedRegion: a region whose mappings changed
+// between the preparation and the move (another move patched it) is refused
+// as a whole; the process keeps its mappings and its memory.
+func TestConsolidateRefusesChangedRegion(t *testing.T) {
+	p, dir, flips := fragment(t)
+	regions, err := Fragments(p.pid, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := os.Create(filepath.Join(dir, "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prepared, _, err := PrepareRegions(regions, dir, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spread(t, p, flips, 37, 11)
+	patchMove(t, p, dir, "m8")
+	hs, he := p.heap[0]&^(pageSize-1), p.heap[0]+p.heap[1]
+	before := heapMappings(t, p.pid, hs, he)
+
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, _, err := tr.MoveFile(p.pid, c, c.Name(), prepared, 0)
+	if derr := tr.Detach(); derr != nil {
+		t.Error(derr)
+	}
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || len(done) != 0 {
+		t.Fatalf("move of changed regions: %d done, err %v; want none, failed precondition", len(done), err)
+	}
+	checkFlips(t, p, flips)
+	if after := heapMappings(t, p.pid, hs, he); after != before {
+		t.Errorf("heap in %d mappings after a refused consolidation, was %d", after, before)
+	}
+}
