@@ -233,7 +233,7 @@ func zeros(n int) []uint64 { return make([]uint64, n) }
 
 // waits says where each thread of pid's process tree is: its state, the
 // kernel function it sleeps in and its system call (arguments included), and
-// its kernel stack, so that a copy that hangs (the rare restored python child
+// its signal masks, and its kernel stack, so that a copy that hangs (the rare restored python child
 // that does not answer) leaves more than a timeout behind.
 func waits(pid int) string {
 	pids, err := procfs.Tree(pid)
@@ -257,8 +257,14 @@ func waits(pid int) string {
 			if i := strings.LastIndexByte(state, ')'); i >= 0 && i+3 <= len(state) {
 				state = state[i+2 : i+3]
 			}
-			fmt.Fprintf(&b, "pid %d tid %s (%s) %s wchan %s syscall %s\n", p, t.Name(), read(td+"/comm"),
-				state, read(td+"/wchan"), read(td+"/syscall"))
+			var sigs []string
+			for _, l := range strings.Split(read(td+"/status"), "\n") {
+				if strings.HasPrefix(l, "Sig") || strings.HasPrefix(l, "ShdPnd") {
+					sigs = append(sigs, strings.Join(strings.Fields(l), ""))
+				}
+			}
+			fmt.Fprintf(&b, "pid %d tid %s (%s) %s wchan %s syscall %s\n    signals %s\n", p, t.Name(), read(td+"/comm"),
+				state, read(td+"/wchan"), read(td+"/syscall"), strings.Join(sigs, " "))
 			for _, l := range strings.Split(read(td+"/stack"), "\n") {
 				fmt.Fprintf(&b, "    %s\n", l)
 			}
