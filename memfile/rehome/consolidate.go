@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -261,4 +262,48 @@ func checkPieces(pid int, maps []byte, r VMA) error {
 		return changed("mappings gone")
 	}
 	return nil
+}
+
+// StillPrepared returns the regions of process pid (stopped) that a move may
+// map from their consolidation: each checked on its own against the
+// process's mappings now (a region changed since its preparation is left
+// out, not the whole process), and none overlapping a mapping whose VmFlags
+// are in skipFlags (locked, userfaultfd-registered, don't-fork, sealed ...
+// since the preparation: mapping the region anew would drop the property).
+func StillPrepared(pid int, regions []VMA) ([]VMA, error) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return nil, fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	var flagged [][2]uint64
+	var cur VMA
+	for l := range bytes.SplitSeq(smaps, []byte("\n")) {
+		if v, _, ok := parseHeader(l); ok {
+			cur = v
+			continue
+		}
+		if rest, found := bytes.CutPrefix(l, []byte("VmFlags:")); found {
+			for _, fl := range bytes.Fields(rest) {
+				if skipFlags[string(fl)] {
+					flagged = append(flagged, [2]uint64{cur.Start, cur.End})
+					break
+				}
+			}
+		}
+	}
+	var out []VMA
+	for _, r := range regions {
+		if checkPieces(pid, maps, r) != nil {
+			continue
+		}
+		if slices.ContainsFunc(flagged, func(f [2]uint64) bool { return f[0] < r.End && r.Start < f[1] }) {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

@@ -231,3 +231,34 @@ func TestConsolidateRefusesChangedRegion(t *testing.T) {
 		t.Errorf("heap in %d mappings after a refused consolidation, was %d", after, before)
 	}
 }
+
+// TestStillPrepared: the regions a move may still map from a consolidation
+// are the unchanged ones; after a patch move cut one up, it is left out.
+func TestStillPrepared(t *testing.T) {
+	p, dir, _ := fragment(t)
+	regions, err := Fragments(p.pid, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(regions) == 0 {
+		t.Fatal("a fragmented heap has no region to consolidate")
+	}
+	got, err := StillPrepared(p.pid, regions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(regions) {
+		t.Fatalf("%d of %d unchanged regions still prepared", len(got), len(regions))
+	}
+	flips := map[uint64]bool{}
+	spread(t, p, flips, 37, 11)
+	patchMove(t, p, dir, "m8")
+	if got, err = StillPrepared(p.pid, regions); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range got {
+		if r.Start < p.heap[0]+p.heap[1] && p.heap[0] < r.End {
+			t.Errorf("region %v over the heap, cut up by a move since, is still prepared", r)
+		}
+	}
+}

@@ -141,6 +141,26 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			reply.Err = err.Error()
 		}
 	}()
+	// guard installs the madvise guard (req.Guard) on what moved. Without
+	// it a purge there would bring back the file's bytes where the
+	// allocator expects zeros: its failure is the move's.
+	guard := func(pid int, done []rehome.VMA) error {
+		if !req.Guard || len(done) == 0 {
+			return nil
+		}
+		ranges := make([]madvguard.Range, len(done))
+		for i, v := range done {
+			ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
+		}
+		prog, err := madvguard.Program(ranges, madvguard.Mode(req.Mode))
+		if err == nil {
+			err = tr.InstallFilter(pid, prog)
+		}
+		if err != nil {
+			return fmt.Errorf("process %d: madvise guard: %w", pid, err)
+		}
+		return nil
+	}
 	var hop *os.File
 	if req.Hop != nil && len(req.Hop.Regions) > 0 {
 		if hop, err = os.OpenFile(req.Hop.HostFile, os.O_RDWR, 0); err != nil {
@@ -161,6 +181,18 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 				}
 			}
 			if len(regions) > 0 {
+				// Each region on its own: one changed since its
+				// preparation (or locked, registered, sealed meanwhile)
+				// stays as it is; the others go ahead.
+				n := len(regions)
+				if regions, err = rehome.StillPrepared(pid, regions); err != nil {
+					reply.HopErr = fmt.Sprintf("process %d: %v", pid, err)
+					regions = nil
+				} else if len(regions) < n {
+					reply.HopErr = fmt.Sprintf("process %d: %d of %d prepared regions changed since their preparation", pid, n-len(regions), n)
+				}
+			}
+			if len(regions) > 0 {
 				joined()
 				t2 := time.Now()
 				done, cs, err := tr.MoveFile(pid, hop, req.Hop.Inside, regions, req.Chunk)
@@ -177,6 +209,12 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 					// The regions not done keep their mappings; the
 					// move goes on.
 					reply.HopErr = fmt.Sprintf("process %d: %v", pid, err)
+				}
+				// What a consolidation mapped holds, as file data, pages
+				// that were holes (zeros) of the files it replaced, which
+				// no guard of a restored fork covers: guarded like a move.
+				if err := guard(pid, done); err != nil {
+					errs = append(errs, err)
 				}
 			}
 		}
@@ -224,20 +262,8 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
 		}
-		if req.Guard && len(done) > 0 {
-			ranges := make([]madvguard.Range, len(done))
-			for i, v := range done {
-				ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
-			}
-			prog, err := madvguard.Program(ranges, madvguard.Mode(req.Mode))
-			if err == nil {
-				err = tr.InstallFilter(pid, prog)
-			}
-			if err != nil {
-				// Without the guard a purge would bring back the file's
-				// bytes where the allocator expects zeros: say so loudly.
-				errs = append(errs, fmt.Errorf("process %d: madvise guard: %w", pid, err))
-			}
+		if err := guard(pid, done); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return reply
