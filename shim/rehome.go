@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/sys/reaper"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/cgroupmem"
@@ -158,14 +159,18 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		}
 	}
 	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.Binary)
-	hopped = req.Hop != nil && (err != nil || reply.Hopped > 0)
+	// Kept if any process maps any of it: a region can fail part way
+	// (chunk by chunk), its first chunks mapped from the file.
+	hopped = req.Hop != nil && mapsFile(pids, hop.pf.Path())
 	if req.ChargedTo != "" {
 		if err := store.SetCharge(st.Family, pf.Name(), req.ChargedTo); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: record where a moved file is charged")
 		}
 	}
 	if err == nil {
-		noteMove(key, initPID, reply.Patches, reply.Hopped > 0)
+		// After a consolidation tried, mapped or refused, the count
+		// starts again: a refused one is not prepared again at once.
+		noteMove(key, initPID, reply.Patches, req.Hop != nil)
 	}
 	if err != nil {
 		// The container must be as its pauser left it: frozen.
@@ -191,6 +196,9 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 // a hundred containers), and the container maps none of these ranges either
 // way.
 func (s *Service) freeReplaced(ctx context.Context, st *containerState, replaced []memfile.FileRange) {
+	// The fork call waits for it (a copy of the fragmented regions, once
+	// per consolidateAfter patches): run beside the next calls, it would
+	// race them and the container's Delete.
 	defer s.prepareConsolidation(ctx, st)
 	if len(replaced) == 0 {
 		return
@@ -395,10 +403,12 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // each move, and its heap becomes thousands of mappings, in it and in every
 // fork restored from its dumps (about 400 bytes of kernel memory each per
 // copy, and microseconds each in every dump and move). Once a container's
-// moves fragment it fast enough (below), the checkpoint prepares a
-// consolidation after the thaw, off the pause: a new file holding its
-// fragmented regions as it sees them, copied from the family's files (they
-// never change) by the helper in its memory cgroup. The next
+// moves fragment it enough (below), the checkpoint prepares a
+// consolidation after the thaw, off the pause (not off the fork call): a new
+// file holding its fragmented regions as it sees them, copied from the
+// family's files (they never change) by the helper in its memory cgroup,
+// within half its limit's headroom (cgroup v1; on v2 the helper could not
+// join it, and nothing is prepared). The next
 // move maps each region whole from that file, with the pages written since
 // on top, and the dump that follows, and its forks, see one mapping. A
 // prepared file stays a temporary file of the store (flocked by this shim:
@@ -510,7 +520,7 @@ func (h *preparedHop) finish(ctx context.Context, store *memfile.Store, st *cont
 func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) {
 	key := st.Namespace + "/" + st.ID
 	consolidation.Lock()
-	n := moveNotes[key]
+	n := moveNotes[key] // the container's, unless dropped (Delete) meanwhile
 	ready := n != nil && n.moved && n.patches >= consolidateAfter
 	pid := 0
 	if n != nil {
@@ -533,10 +543,19 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 		l.WithError(err).Debug("lazyfork: no consolidation prepared")
 		return
 	}
+	// On cgroup v2 the container's memory cgroup is the frozen one the
+	// helper must not join, and a copy from outside it would charge a heap
+	// to the shim: no consolidation there.
+	if mem, err := memoryCgroupDir(pid); err != nil || mem == freezer {
+		l.WithError(err).Debug("lazyfork: no consolidation prepared (cgroup v2: the copy could not be charged to the container)")
+		return
+	}
 	var maxBytes int64
 	if path, _, err := procfs.Cgroup(pid, "memory"); err == nil {
 		if limit, usage, ok, err := cgroupmem.Limit(path); err == nil && ok {
-			maxBytes = max(limit-usage-2*minMoveChunk, 1)
+			// Half the headroom: the container runs meanwhile, and tmpfs
+			// pages are not reclaimed under its limit.
+			maxBytes = max((limit-usage)/2-2*minMoveChunk, 1)
 		}
 	}
 	pf, err := store.CreateFile(st.Family)
@@ -567,6 +586,12 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 	}
 	h := &preparedHop{pf: pf, regions: reply.Regions, chargedTo: req.ChargedTo}
 	consolidation.Lock()
+	if moveNotes[key] != n {
+		// Deleted (and maybe created again) while this copied.
+		consolidation.Unlock()
+		pf.Abort()
+		return
+	}
 	if old := preparedHops[key]; old != nil && old.timer.Stop() {
 		old.pf.Abort()
 	}
@@ -581,4 +606,32 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 	})
 	consolidation.Unlock()
 	l.WithFields(log.Fields{"regions": len(reply.Regions), "bytes": reply.Prepared, "duration": time.Since(t0)}).Info("lazyfork: consolidation prepared")
+}
+
+// mapsFile reports whether any of pids maps the file at path (by device and
+// inode, as /proc/PID/maps shows them). A live process whose maps cannot be
+// read counts as mapping it: a copy kept too many is better than a mapping
+// of a file the store removed.
+func mapsFile(pids []int, path string) bool {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return true
+	}
+	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
+	ino := strconv.FormatUint(st.Ino, 10)
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+		if err != nil {
+			if procfs.Alive(pid) {
+				return true
+			}
+			continue
+		}
+		for l := range bytes.SplitSeq(b, []byte("\n")) {
+			if f := bytes.Fields(l); len(f) >= 5 && string(f[3]) == dev && string(f[4]) == ino {
+				return true
+			}
+		}
+	}
+	return false
 }
