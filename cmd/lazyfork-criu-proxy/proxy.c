@@ -429,7 +429,8 @@ static int dump_dir(struct walk *w, int dfd, size_t plen, int depth)
 		case S_IFLNK: {
 			char l[100];
 			ssize_t m = readlinkat(dfd, name, l, sizeof l);
-			if (m <= 0 || m >= (ssize_t)sizeof l || m != st.st_size)
+			/* A hard-linked symlink is a link entry in GNU tar's. */
+			if (st.st_nlink != 1 || m <= 0 || m >= (ssize_t)sizeof l || m != st.st_size)
 				goto out;
 			l[m] = 0;
 			if (put_header(&w->out, w->path, &st, '2', l, 0))
@@ -459,13 +460,21 @@ static int dump_dir(struct walk *w, int dfd, size_t plen, int depth)
 			fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
 			if (fd < 0)
 				goto out;
+			/* The file opened is the one looked at (not a device node
+			 * swapped in meanwhile), checked before anything is read. */
+			if (fstat(fd, &st2) || !S_ISREG(st2.st_mode) || st2.st_dev != st.st_dev || st2.st_ino != st.st_ino) {
+				close(fd);
+				goto out;
+			}
 			size_t got = 0;
 			ssize_t m = 0;
 			while (got < size && ((m = read(fd, data + got, size - got)) > 0 || (m < 0 && errno == EINTR)))
 				if (m > 0)
 					got += m;
 			r = got != size || read(fd, &one, 1) != 0 || fstat(fd, &st2) || st2.st_ino != st.st_ino ||
-			    st2.st_size != st.st_size || st2.st_mtim.tv_sec != st.st_mtim.tv_sec;
+			    st2.st_size != st.st_size || st2.st_mtim.tv_sec != st.st_mtim.tv_sec ||
+			    st2.st_mtim.tv_nsec != st.st_mtim.tv_nsec || st2.st_ctim.tv_sec != st.st_ctim.tv_sec ||
+			    st2.st_ctim.tv_nsec != st.st_ctim.tv_nsec; /* changed as we read it: GNU tar's test */
 			close(fd);
 			if (r)
 				goto out;

@@ -341,6 +341,7 @@ func TestTarTreeSameAsGNUTar(t *testing.T) {
 
 // TestTarTreeFallsBack: trees GNU tar archives otherwise than the proxy
 // writes (long names and link targets, owners beyond octal, hard links,
+// of symlinks too,
 // sparse and large files, sockets, another file system below) go to the
 // real tar; CRIU gets its archive.
 func TestTarTreeFallsBack(t *testing.T) {
@@ -360,6 +361,10 @@ func TestTarTreeFallsBack(t *testing.T) {
 		"hard link": func(t *testing.T, dir string) {
 			mkfile(t, filepath.Join(dir, "f"), 10)
 			must(t, os.Link(filepath.Join(dir, "f"), filepath.Join(dir, "g")))
+		},
+		"hard-linked symlink": func(t *testing.T, dir string) {
+			must(t, os.Symlink("null", filepath.Join(dir, "sym")))
+			must(t, unix.Linkat(unix.AT_FDCWD, filepath.Join(dir, "sym"), unix.AT_FDCWD, filepath.Join(dir, "hl"), 0))
 		},
 		"sparse file": func(t *testing.T, dir string) { must(t, os.Truncate(mkfile(t, filepath.Join(dir, "s"), 0), 1<<20)) },
 		"large file":  func(t *testing.T, dir string) { mkfile(t, filepath.Join(dir, "big"), 1<<20+1) },
