@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -31,7 +30,8 @@ type criuLogWatch struct {
 type criuLogTimes struct{ created, closed time.Time }
 
 // watchCRIULogs watches taskDir (ROOT/io.containerd.runtime.v2.task/NS,
-// where a container's work directory, and so its restore.log, is made).
+// where a container's work directory, and so its restore.log, is made; the
+// parent's container made it).
 func watchCRIULogs(taskDir string) (*criuLogWatch, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
@@ -39,10 +39,6 @@ func watchCRIULogs(taskDir string) (*criuLogWatch, error) {
 	}
 	w := &criuLogWatch{fd: fd, dirs: map[int32]string{}, logs: map[string]*criuLogTimes{},
 		stop: make(chan struct{}), done: make(chan struct{})}
-	if err := os.MkdirAll(taskDir, 0o711); err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
 	wd, err := unix.InotifyAddWatch(fd, taskDir, unix.IN_CREATE|unix.IN_ONLYDIR)
 	if err != nil {
 		unix.Close(fd)
@@ -126,7 +122,7 @@ func (w *criuLogWatch) times(id string) (created, closed time.Time, err error) {
 	defer w.mu.Unlock()
 	t := w.logs[id]
 	if t == nil || t.created.IsZero() || t.closed.IsZero() {
-		return time.Time{}, time.Time{}, fmt.Errorf("no create and close of %s's restore.log were seen (inotify)", id)
+		return time.Time{}, time.Time{}, fmt.Errorf("no create and close of %s's restore.log were seen: %w", id, errCRIULogTiming)
 	}
 	return t.created, t.closed, nil
 }

@@ -140,14 +140,22 @@ func (r *results) summary(w io.Writer, heaps []int, nForks int) {
 		}
 	}
 	check("memory per fork (cgroup) right after restore under 2 MB", worst < 2e6, fmt.Sprintf("worst %.2f MB", worst/1e6))
+	// The target is the for a hundred forks (make bench-fork-100):
+	// fewer share the shims among fewer, and are shown, not checked.
+	perFork := check
+	if nForks < 100 {
+		perFork = func(name string, _ bool, detail string) {
+			fmt.Fprintf(w, "  info %s: %s (the 1.5 MB target is for 100 forks: make bench-fork-100)\n", name, detail)
+		}
+	}
 	for _, h := range heaps {
 		if v, ok := r.get(h, "lazyfork", "memory_per_fork_max_held_incl_shim_share"); ok {
 			ahead, _ := r.get(h, "lazyfork", "memory_charged_ahead_max")
-			check(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s, what it holds)", nForks, h), v <= 1.5e6,
+			perFork(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s, what it holds)", nForks, h), v <= 1.5e6,
 				fmt.Sprintf("%.2f MB (the kernel's charge stock: up to %.2f MB more on a fork's cgroup)", v/1e6, ahead/1e6))
 		}
 		if v, ok := r.get(h, "lazyfork", "memory_per_fork_max_incl_shim_share"); ok {
-			check(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s, its cgroup's usage)", nForks, h), v <= 1.5e6,
+			perFork(fmt.Sprintf("each of %d forks at %d MiB <= 1.5 MB with its share of the shims (worst fork, after 5 s, its cgroup's usage)", nForks, h), v <= 1.5e6,
 				fmt.Sprintf("%.2f MB", v/1e6))
 		}
 		if v, ok := r.get(h, "lazyfork", fmt.Sprintf("parent_%d_forks_memory_file_shims", nForks)); ok {
