@@ -3,7 +3,6 @@ package criuproxy
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"io"
 	"os"
 	"os/exec"
@@ -25,14 +24,7 @@ var criuCreate = []string{"--create", "--gzip", "--no-unquote", "--no-wildcards"
 // tar (the first entry's header).
 func untar(t *testing.T, b []byte) ([]*tar.Header, []byte) {
 	t.Helper()
-	zr, err := gzip.NewReader(bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatalf("gunzip: %v", err)
-	}
+	raw := gunzip(t, b)
 	if len(raw) < 512 {
 		t.Fatalf("a tar of %d bytes", len(raw))
 	}

@@ -201,6 +201,17 @@ func oddTree() []node {
 	}
 }
 
+// tarTools are a root test's proxy tar, GNU tar, and the environment and log
+// of a spy in front of GNU tar (which shows whether the proxy ran it).
+func tarTools(t *testing.T) (proxyTar, real string, spyEnv []string, log string) {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	_, proxyTar, _ = proxy(t)
+	real = gnuTar(t)
+	spyEnv, log = tarSpy(t, real)
+	return proxyTar, real, spyEnv, log
+}
+
 // gunzip decompresses one gzip stream.
 func gunzip(t *testing.T, b []byte) []byte {
 	t.Helper()
@@ -345,10 +356,7 @@ func TestTarTreeSameAsGNUTar(t *testing.T) {
 // sparse and large files, sockets, another file system below) go to the
 // real tar; CRIU gets its archive.
 func TestTarTreeFallsBack(t *testing.T) {
-	testutil.RequiresRoot(t)
-	_, proxyTar, _ := proxy(t)
-	real := gnuTar(t)
-	spyEnv, log := tarSpy(t, real)
+	proxyTar, real, spyEnv, log := tarTools(t)
 	base := []node{{path: "", kind: 'd', mode: 0o755, mtime: 1700000000}, {path: "null", kind: 'c', mode: 0o666, maj: 1, min: 3}}
 	for name, extra := range map[string]func(t *testing.T, dir string){
 		"name of 100 bytes": func(t *testing.T, dir string) { mkfile(t, filepath.Join(dir, strings.Repeat("n", 98)), 0) },
@@ -416,10 +424,7 @@ func mkfile(t *testing.T, p string, size int) string {
 // tar with standard input as it came (a regular file read from where CRIU
 // left it, or a pipe), and extract as GNU tar does.
 func TestTarExtractFallsBack(t *testing.T) {
-	testutil.RequiresRoot(t)
-	_, proxyTar, _ := proxy(t)
-	real := gnuTar(t)
-	spyEnv, log := tarSpy(t, real)
+	proxyTar, real, spyEnv, log := tarTools(t)
 	src := filepath.Join(t.TempDir(), "src")
 	mkTree(t, src, runcDev)
 	compressed := runTar(t, real, nil, src, criuCreate...)
@@ -506,10 +511,7 @@ func storedGzip(p []byte) []byte {
 // directory either way. The well-formed archive they are made from is
 // extracted by the proxy.
 func TestTarExtractRefusesMalicious(t *testing.T) {
-	testutil.RequiresRoot(t)
-	_, proxyTar, _ := proxy(t)
-	real := gnuTar(t)
-	spyEnv, log := tarSpy(t, real)
+	proxyTar, _, spyEnv, log := tarTools(t)
 	base := t.TempDir()
 	outside := filepath.Join(base, "outside")
 	must(t, os.Mkdir(outside, 0o755))
@@ -575,10 +577,7 @@ func TestTarExtractRefusesMalicious(t *testing.T) {
 // failure, which fails CRIU's restore; the real tar is not run on the half
 // extracted directory.
 func TestTarExtractFailsPartWay(t *testing.T) {
-	testutil.RequiresRoot(t)
-	_, proxyTar, _ := proxy(t)
-	real := gnuTar(t)
-	spyEnv, log := tarSpy(t, real)
+	proxyTar, _, spyEnv, log := tarTools(t)
 	src := filepath.Join(t.TempDir(), "src")
 	mkTree(t, src, runcDev)
 	ours := runTar(t, proxyTar, noRealTar, src, criuCreate...)
