@@ -2,6 +2,7 @@ package rehome
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -138,10 +139,14 @@ func PrepareRegions(regions []VMA, hostDir string, f *os.File) ([]VMA, int64, er
 	if err := extend(0, regions, f); err != nil {
 		return nil, 0, err
 	}
-	files := map[string]*os.File{}
+	type source struct {
+		f       *os.File
+		extents [][2]int64
+	}
+	files := map[string]source{}
 	defer func() {
 		for _, sf := range files {
-			sf.Close()
+			sf.f.Close()
 		}
 	}()
 regions:
@@ -153,15 +158,21 @@ regions:
 		for _, p := range r.Pieces {
 			src, ok := files[p.Path]
 			if !ok {
-				var err error
-				src, err = openPiece(hostDir, p)
+				sf, err := openPiece(hostDir, p)
 				if err != nil {
 					errs = append(errs, err)
 					continue regions
 				}
+				ext, err := dataExtents(sf)
+				if err != nil {
+					sf.Close()
+					errs = append(errs, fmt.Errorf("rehome: memory file %s: %w", p.Path, err))
+					continue regions
+				}
+				src = source{sf, ext}
 				files[p.Path] = src
 			}
-			n, err := copyRange(f, r.Offset()+int64(p.Start-r.Start), src, int64(p.Offset), int64(p.End-p.Start))
+			n, err := copyRange(f, r.Offset()+int64(p.Start-r.Start), src.f, src.extents, int64(p.Offset), int64(p.End-p.Start))
 			copied += n
 			if err != nil {
 				errs = append(errs, fmt.Errorf("rehome: region %v: copy %s at %#x: %w", r, p.Path, p.Offset, err))
@@ -195,27 +206,37 @@ func openPiece(hostDir string, p Piece) (*os.File, error) {
 	return src, nil
 }
 
-// copyRange copies n bytes of src at off into dst at dstOff, data ranges
-// only (SEEK_DATA/SEEK_HOLE): holes stay holes. It returns the bytes copied.
-func copyRange(dst *os.File, dstOff int64, src *os.File, off, n int64) (int64, error) {
+// dataExtents are the data ranges [start, end) of a file, in order
+// (SEEK_DATA/SEEK_HOLE once over the whole file: a SEEK_HOLE scans from its
+// offset to the next hole, so one per piece cost a pass over the rest of a
+// large file for each of thousands of pieces, about a second for 4,300).
+func dataExtents(f *os.File) ([][2]int64, error) {
+	var out [][2]int64
+	for off := int64(0); ; {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return out, nil // holes to the end of the file
+		}
+		if err != nil {
+			return nil, err
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, [2]int64{data, hole})
+		off = hole
+	}
+}
+
+// copyRange copies n bytes of src at off into dst at dstOff, the parts in
+// src's data extents only: holes stay holes. It returns the bytes copied.
+func copyRange(dst *os.File, dstOff int64, src *os.File, extents [][2]int64, off, n int64) (int64, error) {
 	var copied int64
 	start, end := off, off+n
-	for off < end {
-		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
-		if err != nil {
-			if errors.Is(err, unix.ENXIO) {
-				return copied, nil // holes to the end of the file
-			}
-			return copied, err
-		}
-		if data >= end {
-			return copied, nil
-		}
-		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return copied, err
-		}
-		hole = min(hole, end)
+	i, _ := slices.BinarySearchFunc(extents, off, func(e [2]int64, t int64) int { return cmp.Compare(e[1], t+1) })
+	for ; i < len(extents) && extents[i][0] < end; i++ {
+		data, hole := max(extents[i][0], start), min(extents[i][1], end)
 		for data < hole {
 			in, out := data, dstOff+(data-start)
 			w, err := unix.CopyFileRange(int(src.Fd()), &in, int(dst.Fd()), &out, int(hole-data), 0)
@@ -228,7 +249,6 @@ func copyRange(dst *os.File, dstOff int64, src *os.File, off, n int64) (int64, e
 			copied += int64(w)
 			data += int64(w)
 		}
-		off = hole
 	}
 	return copied, nil
 }
