@@ -440,64 +440,70 @@ func mapCount(t *testing.T, pid uint32) int {
 }
 
 // TestRehomeSpreadWrites: a parent that writes single pages all over its
-// heap between forks gets a mapping per written page at each move (up to 512
-// per mapping), in it and in every fork restored from its later dumps. Once
-// its moves made 2048 such patches (shim's consolidateAfter), a
+// heap between snapshots gets a mapping per written page at each move (up to
+// 512 per mapping), in it and in every fork restored from its later dumps.
+// Once its moves made 2048 such patches (shim's consolidateAfter), a
 // consolidation is prepared after the thaw and the next move maps the heap
-// whole again: the parent's mappings fall back, its later forks' with them,
-// and every copy's heap verifies, the older forks' (whose files the
-// consolidation copied) included.
+// whole again: the parent's mappings fall back, the fork made then has as
+// few, and every copy's heap verifies, the fork made before the
+// fragmentation (whose file the consolidation copied from) included. Forks
+// are restored only where the mappings are few: CRIU 4.1.1 now and then dies
+// restoring a task with hundreds of file mappings (docs, Known limits).
 func TestRehomeSpreadWrites(t *testing.T) {
 	e, ctx, img := startLFPython(t)
 	lf := e.lfClient()
 	// 512 pages 7919 apart in a 96 MiB heap: each an island of its own,
 	// so each call's move makes 512 patches of the heap's mapping.
-	const heapMiB, perCall, calls = 96, 512, 7
+	const heapMiB, perCall, calls = 96, 512, 6
 	id := "spread-" + lfRandom(3)
 	_, task := e.run(t, ctx, img, id, []string{"python3", counterPy, strconv.Itoa(heapMiB), "--interval", "0.05",
 		"--writes-per-signal", strconv.Itoa(perCall)})
 	parent := &counter{e: e, id: id, task: task}
 	parent.waitLine(t, ctx, 0, "ready ")
 	parent.waitLine(t, ctx, 0, "tick 3")
-	var forks []*counter
-	var parentMaps, forkMaps []int
-	for call := 1; call <= calls; call++ {
-		if call > 1 {
-			parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
-		}
+	fork := func() *counter {
+		t.Helper()
 		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
 		if err != nil {
-			t.Fatalf("call %d: %v", call, err)
+			t.Fatal(err)
 		}
 		f := e.forks(res)[0]
 		checkContinues(t, ctx, parent, f)
-		forks = append(forks, f)
+		return f
+	}
+	first := fork() // the parent moves onto its memory file
+	parentMaps := []int{mapCount(t, task.Pid())}
+	var last *counter
+	for call := 2; call <= calls; call++ {
+		parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+		if call == calls {
+			last = fork()
+		} else {
+			res, err := lf.Checkpoint(ctx, parent.id)
+			if err != nil {
+				t.Fatalf("call %d: %v", call, err)
+			}
+			if err := lf.RemoveSnapshot(ctx, res.Snapshot); err != nil {
+				t.Fatal(err)
+			}
+		}
 		parentMaps = append(parentMaps, mapCount(t, task.Pid()))
-		forkMaps = append(forkMaps, mapCount(t, f.task.Pid()))
-		t.Logf("call %d: parent %d mappings, its fork %d", call, parentMaps[call-1], forkMaps[call-1])
+		t.Logf("call %d: parent %d mappings", call, parentMaps[call-1])
 	}
 	if grew := parentMaps[2] - parentMaps[0]; grew < 1500 {
 		t.Fatalf("two calls of %d spread writes grew the parent by %d mappings: the test no longer fragments it", perCall, grew)
 	}
-	// The move that maps the consolidation (call 5 or 6, with the
-	// interpreter's own patches) cuts the parent's mappings.
-	cut := 0
-	for c := 1; c < calls; c++ {
-		cut = max(cut, parentMaps[c-1]-parentMaps[c])
+	// Calls 2-5 made 4 x 512 patches; the consolidation prepared after call
+	// 5 is mapped at call 6's move, with that call's pages on top.
+	peak := slices.Max(parentMaps)
+	if got := parentMaps[calls-1]; got > peak-1500 {
+		t.Errorf("the parent has %d mappings after call %d, %d at most before (per call: %v): its fragmented heap was not consolidated", got, calls, peak, parentMaps)
 	}
-	if cut < 1500 {
-		t.Errorf("no move cut the parent's mappings by 1500 or more (per call: %v): its fragmented heap was not consolidated", parentMaps)
-	}
-	// The last fork is restored from a dump after the consolidated move.
-	if last, peak := forkMaps[calls-1], slices.Max(forkMaps); last > peak-1000 {
-		t.Errorf("the last fork has %d mappings, the most of any fork %d (per call: %v): forks after the consolidation still carry the fragments", last, peak, forkMaps)
+	if got := mapCount(t, last.task.Pid()); got > peak-1500 {
+		t.Errorf("the fork of call %d has %d mappings, the parent had %d: it carries the fragments", calls, got, peak)
 	}
 	pages := heapMiB << 20 / 4096
-	for i, c := range append([]*counter{parent}, forks...) {
-		writes := (calls - 1) * perCall
-		if i > 0 {
-			writes = (i - 1) * perCall
-		}
+	for c, writes := range map[*counter]int{parent: (calls - 1) * perCall, first: 0, last: (calls - 1) * perCall} {
 		want := fmt.Sprintf("verify ok pages=%d writes=%d", pages, writes)
 		if v := c.signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
 			t.Errorf("%s: %q, want %q", c.id, v, want)
