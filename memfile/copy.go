@@ -6,10 +6,11 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"sort"
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/fileextent"
 )
 
 // copier copies byte ranges between files with the cheapest call the kernel
@@ -147,48 +148,24 @@ func (c *copier) copyData(dst *os.File, doff int64, src *os.File, soff, n int64)
 	return nil
 }
 
-// dataExtents lists the byte ranges of f that hold data, in order. On tmpfs
-// SEEK_HOLE walks the page cache to the end of the data it starts in, so
-// asking per mapping costs the whole extent each time (seconds for a moved
-// 1 GiB heap split into hundreds of mappings): walk each file once.
-func dataExtents(f *os.File) ([][2]int64, error) {
-	var out [][2]int64
-	for pos := int64(0); ; {
-		data, err := unix.Seek(int(f.Fd()), pos, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, [2]int64{data, hole})
-		pos = hole
-	}
-}
-
 // extentCache holds the data extents of the files a rewrite reads, by
 // descriptor.
-type extentCache map[uintptr][][2]int64
+type extentCache map[uintptr][]fileextent.Extent
 
 // dataPages counts the pages of f's [off, off+n) that hold data.
 func (c extentCache) dataPages(f *os.File, off, n int64) (uint64, error) {
 	ext, ok := c[f.Fd()]
 	if !ok {
 		var err error
-		if ext, err = dataExtents(f); err != nil {
+		if ext, err = fileextent.Data(f); err != nil {
 			return 0, err
 		}
 		c[f.Fd()] = ext
 	}
 	end := off + n
-	i := sort.Search(len(ext), func(i int) bool { return ext[i][1] > off })
 	var total int64
-	for ; i < len(ext) && ext[i][0] < end; i++ {
-		total += min(ext[i][1], end) - max(ext[i][0], off)
+	for i := fileextent.From(ext, off); i < len(ext) && ext[i].Start < end; i++ {
+		total += min(ext[i].End, end) - max(ext[i].Start, off)
 	}
 	return uint64((total + pageSize - 1) / pageSize), nil
 }

@@ -2,7 +2,6 @@ package rehome
 
 import (
 	"bytes"
-	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/fileextent"
 )
 
 // Consolidation: a process that keeps writing pages spread over a moved
@@ -141,7 +142,7 @@ func PrepareRegions(regions []VMA, hostDir string, f *os.File) ([]VMA, int64, er
 	}
 	type source struct {
 		f       *os.File
-		extents [][2]int64
+		extents []fileextent.Extent
 	}
 	files := map[string]source{}
 	defer func() {
@@ -163,7 +164,7 @@ regions:
 					errs = append(errs, err)
 					continue regions
 				}
-				ext, err := dataExtents(sf)
+				ext, err := fileextent.Data(sf)
 				if err != nil {
 					sf.Close()
 					errs = append(errs, fmt.Errorf("rehome: memory file %s: %w", p.Path, err))
@@ -206,37 +207,13 @@ func openPiece(hostDir string, p Piece) (*os.File, error) {
 	return src, nil
 }
 
-// dataExtents are the data ranges [start, end) of a file, in order
-// (SEEK_DATA/SEEK_HOLE once over the whole file: a SEEK_HOLE scans from its
-// offset to the next hole, so one per piece cost a pass over the rest of a
-// large file for each of thousands of pieces, about a second for 4,300).
-func dataExtents(f *os.File) ([][2]int64, error) {
-	var out [][2]int64
-	for off := int64(0); ; {
-		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return out, nil // holes to the end of the file
-		}
-		if err != nil {
-			return nil, err
-		}
-		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, [2]int64{data, hole})
-		off = hole
-	}
-}
-
 // copyRange copies n bytes of src at off into dst at dstOff, the parts in
 // src's data extents only: holes stay holes. It returns the bytes copied.
-func copyRange(dst *os.File, dstOff int64, src *os.File, extents [][2]int64, off, n int64) (int64, error) {
+func copyRange(dst *os.File, dstOff int64, src *os.File, extents []fileextent.Extent, off, n int64) (int64, error) {
 	var copied int64
 	start, end := off, off+n
-	i, _ := slices.BinarySearchFunc(extents, off, func(e [2]int64, t int64) int { return cmp.Compare(e[1], t+1) })
-	for ; i < len(extents) && extents[i][0] < end; i++ {
-		data, hole := max(extents[i][0], start), min(extents[i][1], end)
+	for i := fileextent.From(extents, off); i < len(extents) && extents[i].Start < end; i++ {
+		data, hole := max(extents[i].Start, start), min(extents[i].End, end)
 		for data < hole {
 			in, out := data, dstOff+(data-start)
 			w, err := unix.CopyFileRange(int(src.Fd()), &in, int(dst.Fd()), &out, int(hole-data), 0)
