@@ -524,42 +524,68 @@ func eachMapping(cands map[fileKey]string, fn func(k fileKey, off, n uint64)) {
 		if p.Name()[0] < '0' || p.Name()[0] > '9' {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + p.Name() + "/maps")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			// addr perms offset dev inode path
-			f := strings.Fields(line)
-			if len(f) < 6 || f[4] == "0" {
-				continue
-			}
-			maj, min, ok := strings.Cut(f[3], ":")
-			if !ok {
-				continue
-			}
-			ma, err1 := strconv.ParseUint(maj, 16, 32)
-			mi, err2 := strconv.ParseUint(min, 16, 32)
-			ino, err3 := strconv.ParseUint(f[4], 10, 64)
-			if err1 != nil || err2 != nil || err3 != nil {
-				continue
-			}
-			k := fileKey{dev: unix.Mkdev(uint32(ma), uint32(mi)), ino: ino}
-			if _, ok := cands[k]; !ok {
-				continue
-			}
-			lo, hi, _ := strings.Cut(f[0], "-")
-			start, err1 := strconv.ParseUint(lo, 16, 64)
-			end, err2 := strconv.ParseUint(hi, 16, 64)
-			off, err3 := strconv.ParseUint(f[2], 16, 64)
-			if err1 != nil || err2 != nil || err3 != nil || end < start {
-				// Unreadable: count the whole file as mapped.
-				fn(k, 0, ^uint64(0))
-				continue
-			}
-			fn(k, off, end-start)
+		_ = eachMappingOf(p.Name(), cands, fn)
+	}
+}
+
+// MappedBy reports whether any of pids maps the file at path, by device and
+// inode as eachMapping reads them. A file it cannot stat, or a live process
+// whose maps it cannot read, counts as mapped: a file kept too long is
+// better than one removed under a mapping.
+func MappedBy(pids []int, path string) bool {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return true
+	}
+	k := fileKey{dev: st.Dev, ino: st.Ino}
+	mapped := false
+	for _, pid := range pids {
+		err := eachMappingOf(strconv.Itoa(pid), map[fileKey]string{k: path}, func(fileKey, uint64, uint64) { mapped = true })
+		if mapped || err != nil && unix.Kill(pid, 0) == nil {
+			return true
 		}
 	}
+	return false
+}
+
+// eachMappingOf is eachMapping for one process (its /proc directory name).
+func eachMappingOf(proc string, cands map[fileKey]string, fn func(k fileKey, off, n uint64)) error {
+	b, err := os.ReadFile("/proc/" + proc + "/maps")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// addr perms offset dev inode path
+		f := strings.Fields(line)
+		if len(f) < 6 || f[4] == "0" {
+			continue
+		}
+		maj, min, ok := strings.Cut(f[3], ":")
+		if !ok {
+			continue
+		}
+		ma, err1 := strconv.ParseUint(maj, 16, 32)
+		mi, err2 := strconv.ParseUint(min, 16, 32)
+		ino, err3 := strconv.ParseUint(f[4], 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			continue
+		}
+		k := fileKey{dev: unix.Mkdev(uint32(ma), uint32(mi)), ino: ino}
+		if _, ok := cands[k]; !ok {
+			continue
+		}
+		lo, hi, _ := strings.Cut(f[0], "-")
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		off, err3 := strconv.ParseUint(f[2], 16, 64)
+		if err1 != nil || err2 != nil || err3 != nil || end < start {
+			// Unreadable: count the whole file as mapped.
+			fn(k, 0, ^uint64(0))
+			continue
+		}
+		fn(k, off, end-start)
+	}
+	return nil
 }
 
 // writeJSONAtomic writes v as JSON to path through a temporary file and a

@@ -18,7 +18,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/sys/reaper"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/cgroupmem"
@@ -161,7 +160,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.Binary)
 	// Kept if any process maps any of it: a region can fail part way
 	// (chunk by chunk), its first chunks mapped from the file.
-	hopped = req.Hop != nil && mapsFile(pids, hop.pf.Path())
+	hopped = req.Hop != nil && memfile.MappedBy(pids, hop.pf.Path())
 	if req.ChargedTo != "" {
 		if err := store.SetCharge(st.Family, pf.Name(), req.ChargedTo); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: record where a moved file is charged")
@@ -606,32 +605,4 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 	})
 	consolidation.Unlock()
 	l.WithFields(log.Fields{"regions": len(reply.Regions), "bytes": reply.Prepared, "duration": time.Since(t0)}).Info("lazyfork: consolidation prepared")
-}
-
-// mapsFile reports whether any of pids maps the file at path (by device and
-// inode, as /proc/PID/maps shows them). A live process whose maps cannot be
-// read counts as mapping it: a copy kept too many is better than a mapping
-// of a file the store removed.
-func mapsFile(pids []int, path string) bool {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return true
-	}
-	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
-	ino := strconv.FormatUint(st.Ino, 10)
-	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-		if err != nil {
-			if procfs.Alive(pid) {
-				return true
-			}
-			continue
-		}
-		for l := range bytes.SplitSeq(b, []byte("\n")) {
-			if f := bytes.Fields(l); len(f) >= 5 && string(f[3]) == dev && string(f[4]) == ino {
-				return true
-			}
-		}
-	}
-	return false
 }
