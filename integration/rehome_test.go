@@ -439,6 +439,27 @@ func mapCount(t *testing.T, pid uint32) int {
 	return bytes.Count(b, []byte("\n"))
 }
 
+// seccompFilters is the number of seccomp filters process pid runs under
+// (its status's Seccomp_filters).
+func seccompFilters(t *testing.T, pid uint32) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Seccomp_filters:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatalf("process %d: %q: %v", pid, l, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("process %d: no Seccomp_filters in its status", pid)
+	return 0
+}
+
 // TestRehomeSpreadWrites: a parent that writes single pages all over its
 // heap between snapshots gets a mapping per written page at each move (up to
 // 512 per mapping), in it and in every fork restored from its later dumps.
@@ -473,6 +494,10 @@ func TestRehomeSpreadWrites(t *testing.T) {
 	}
 	first := fork() // the parent moves onto its memory file
 	parentMaps := []int{mapCount(t, task.Pid())}
+	// Its first move guarded its heap; the patches and the consolidation
+	// after lie inside, and add no filter (a live process cannot drop one:
+	// a guard per move stacked up to the kernel's limit, some 30 moves).
+	filters := seccompFilters(t, task.Pid())
 	var last *counter
 	for call := 2; call <= calls; call++ {
 		parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
@@ -489,6 +514,9 @@ func TestRehomeSpreadWrites(t *testing.T) {
 		}
 		parentMaps = append(parentMaps, mapCount(t, task.Pid()))
 		t.Logf("call %d: parent %d mappings", call, parentMaps[call-1])
+		if n := seccompFilters(t, task.Pid()); n != filters {
+			t.Errorf("call %d: the parent runs under %d seccomp filters, %d after its first move: a move stacked a guard", call, n, filters)
+		}
 	}
 	if grew := parentMaps[2] - parentMaps[0]; grew < 1500 {
 		t.Fatalf("two calls of %d spread writes grew the parent by %d mappings: the test no longer fragments it", perCall, grew)

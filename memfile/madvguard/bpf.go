@@ -1,6 +1,7 @@
 package madvguard
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -415,6 +416,61 @@ func isGuard(b []byte) bool {
 	}
 	m := binary.LittleEndian.Uint32(b[4:])
 	return m == magic || m == magicV1
+}
+
+// Covered reports whether the guards of the given mode among a process's
+// seccomp filters (each as the kernel stores it: 8-byte instructions, as
+// PTRACE_SECCOMP_GET_FILTER returns them) already refuse the calls on every
+// range of rs. A live process cannot drop a filter: a move that installed a
+// guard for every patch would stack one per move, until the kernel's limit
+// on a chain's instructions (32768, about 30 guards of 64 ranges) failed the
+// next. (A filter the process installed itself with our magic can make it
+// skip its own guard: that only changes what its own madvise calls read.)
+func Covered(filters [][]byte, mode Mode, rs []Range) bool {
+	var have []Range
+	for _, f := range filters {
+		if !isGuard(f) {
+			continue
+		}
+		grs, m, err := guardRanges(f)
+		if err == nil && m == mode {
+			have = append(have, grs...)
+		}
+	}
+	have = merge(have)
+	for _, r := range rs {
+		if r.End <= r.Start {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(have, r.Start, func(h Range, a uint64) int {
+			switch {
+			case h.End <= a:
+				return -1
+			case h.Start > a:
+				return 1
+			}
+			return 0
+		})
+		if i == len(have) || have[i].Start > r.Start || have[i].End < r.End {
+			return false
+		}
+	}
+	return true
+}
+
+// merge sorts ranges and joins overlapping and touching ones.
+func merge(in []Range) []Range {
+	rs := slices.Clone(in)
+	slices.SortFunc(rs, func(a, b Range) int { return cmp.Compare(a.Start, b.Start) })
+	var out []Range
+	for _, r := range rs {
+		if n := len(out); n > 0 && r.Start <= out[n-1].End {
+			out[n-1].End = max(out[n-1].End, r.End)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // guardRanges reads the ranges and the mode back out of one of our filters.

@@ -333,3 +333,38 @@ func TestBadImageDir(t *testing.T) {
 
 // mad is a madvise call.
 func mad(addr, n uint64, advice int) call { return call{Addr: addr, Len: n, Advice: advice} }
+
+func TestCovered(t *testing.T) {
+	guard := func(mode Mode, rs ...Range) []byte {
+		prog, err := Program(rs, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return encode(prog)
+	}
+	heap := Range{0x7f0000000000, 0x7f0010000000} // 256 MiB, moved at the first call
+	more := Range{0x7f0010000000, 0x7f0010200000} // grown since, moved later
+	notOurs := guard(Refuse, heap)
+	notOurs[4] ^= 0xff // the same program without our magic
+	chain := [][]byte{guard(Refuse, more), notOurs, guard(Refuse, heap)}
+	for _, c := range []struct {
+		name    string
+		filters [][]byte
+		mode    Mode
+		rs      []Range
+		want    bool
+	}{
+		{"patches inside the heap", chain, Refuse, []Range{{heap.Start + 0x5000, heap.Start + 0x6000}, {heap.End - 0x1000, heap.End}}, true},
+		{"a patch across two guards' ranges", chain, Refuse, []Range{{heap.End - 0x1000, more.Start + 0x1000}}, true},
+		{"nothing to guard", nil, Refuse, nil, true},
+		{"no filter", nil, Refuse, []Range{heap}, false},
+		{"memory beyond every guard", chain, Refuse, []Range{{more.End, more.End + 0x1000}}, false},
+		{"one of several outside", chain, Refuse, []Range{{heap.Start, heap.Start + 0x1000}, {0x1000, 0x2000}}, false},
+		{"another mode's guard", chain, Zero, []Range{{heap.Start, heap.Start + 0x1000}}, false},
+		{"a filter without our magic", [][]byte{notOurs}, Refuse, []Range{{heap.Start, heap.Start + 0x1000}}, false},
+	} {
+		if got := Covered(c.filters, c.mode, c.rs); got != c.want {
+			t.Errorf("%s: Covered = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

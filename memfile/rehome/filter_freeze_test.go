@@ -47,8 +47,17 @@ func TestInstallFilterGuardsMadvise(t *testing.T) {
 			}
 		}
 	}
+	var before, after [][]byte
+	if err == nil {
+		before, err = tr.Filters(p.pid)
+	}
 	if err == nil {
 		err = tr.InstallFilter(p.pid, prog)
+	}
+	if err == nil {
+		// Read back, the guard is recognised: a later move inside it
+		// installs none.
+		after, err = tr.Filters(p.pid)
 	}
 	if derr := tr.Detach(); derr != nil {
 		t.Errorf("Detach: %v", derr)
@@ -57,6 +66,17 @@ func TestInstallFilterGuardsMadvise(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("processes given no_new_privs: %v", tr.NoNewPrivs)
+	inside := []madvguard.Range{{Start: guarded.Start + pageSize, End: guarded.End - pageSize}}
+	if len(after) != len(before)+1 || madvguard.Covered(before, madvguard.Refuse, inside) {
+		t.Errorf("filters read before the guard: %d, after: %d; want one more", len(before), len(after))
+	}
+	if !madvguard.Covered(after, madvguard.Refuse, inside) {
+		t.Error("the guard read back from the process does not cover its own range")
+	}
+	if madvguard.Covered(after, madvguard.Refuse, []madvguard.Range{{Start: p.spare[0], End: p.spare[0] + pageSize}}) ||
+		madvguard.Covered(after, madvguard.Zero, inside) {
+		t.Error("the guard read back covers a range, or a mode, it was not given")
+	}
 
 	// Inside the guarded range madvise(MADV_DONTNEED) fails with EINVAL and
 	// the bytes stay; outside it succeeds.

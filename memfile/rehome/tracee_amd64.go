@@ -925,3 +925,33 @@ func (t *Tracee) installFilter(pid int, prog []unix.SockFilter) (err error) {
 	}
 	return nil
 }
+
+const ptraceSeccompGetFilter = 0x420c
+
+// Filters returns the classic BPF seccomp filters of process pid's
+// injection thread, newest first, as the kernel stores them (8-byte
+// instructions), by PTRACE_SECCOMP_GET_FILTER. Filters installed with
+// TSYNC (InstallFilter's) are on every thread. Nil if it has none.
+func (t *Tracee) Filters(pid int) (filters [][]byte, err error) {
+	err = t.do(func() error {
+		p, err := t.proc(pid)
+		if err != nil {
+			return err
+		}
+		for i := 0; ; i++ {
+			n, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(p.inj), uintptr(i), 0, 0, 0)
+			if e == unix.ENOENT || e == unix.EINVAL && i == 0 {
+				return nil // past the oldest filter, or not in filter mode
+			}
+			if e != 0 || n == 0 {
+				return fmt.Errorf("rehome: process %d: PTRACE_SECCOMP_GET_FILTER %d: %d instructions, %w", pid, i, n, e)
+			}
+			buf := make([]byte, 8*n)
+			if _, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(p.inj), uintptr(i), uintptr(unsafe.Pointer(&buf[0])), 0, 0); e != 0 {
+				return fmt.Errorf("rehome: process %d: PTRACE_SECCOMP_GET_FILTER %d: %w", pid, i, e)
+			}
+			filters = append(filters, buf)
+		}
+	})
+	return filters, err
+}

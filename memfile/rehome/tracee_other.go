@@ -42,3 +42,6 @@ func (t *Tracee) Move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 func (t *Tracee) MoveFile(pid int, host *os.File, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
 	return nil, CopyStats{}, supported()
 }
+
+// Filters is not implemented on this architecture.
+func (t *Tracee) Filters(pid int) ([][]byte, error) { return nil, supported() }

@@ -152,6 +152,12 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		for i, v := range done {
 			ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
 		}
+		// Patches and consolidated regions lie in memory its guards
+		// cover already: a filter per move would stack up to the kernel's
+		// limit. (Unreadable filters: installed anyway.)
+		if fs, err := tr.Filters(pid); err == nil && madvguard.Covered(fs, madvguard.Mode(req.Mode), ranges) {
+			return nil
+		}
 		prog, err := madvguard.Program(ranges, madvguard.Mode(req.Mode))
 		if err == nil {
 			err = tr.InstallFilter(pid, prog)
