@@ -463,7 +463,7 @@ func seccompFilters(t *testing.T, pid uint32) int {
 // TestRehomeSpreadWrites: a parent that writes single pages all over its
 // heap between snapshots gets a mapping per written page at each move (up to
 // 512 per mapping), in it and in every fork restored from its later dumps.
-// Once its moves made 2048 such patches (shim's consolidateAfter), a
+// Once its moves made 1024 such patches (shim's consolidateAfter), a
 // consolidation is prepared after the thaw and the next move maps the heap
 // whole again: the parent's mappings fall back, the fork made then has as
 // few, and every copy's heap verifies, the fork made before the
@@ -475,7 +475,7 @@ func TestRehomeSpreadWrites(t *testing.T) {
 	lf := e.lfClient()
 	// 512 pages 7919 apart in a 96 MiB heap: each an island of its own,
 	// so each call's move makes 512 patches of the heap's mapping.
-	const heapMiB, perCall, calls = 96, 512, 6
+	const heapMiB, perCall, calls = 96, 512, 4
 	id := "spread-" + lfRandom(3)
 	_, task := e.run(t, ctx, img, id, []string{"python3", counterPy, strconv.Itoa(heapMiB), "--interval", "0.05",
 		"--writes-per-signal", strconv.Itoa(perCall)})
@@ -521,8 +521,8 @@ func TestRehomeSpreadWrites(t *testing.T) {
 	if grew := parentMaps[2] - parentMaps[0]; grew < 1500 {
 		t.Fatalf("two calls of %d spread writes grew the parent by %d mappings: the test no longer fragments it", perCall, grew)
 	}
-	// Calls 2-5 made 4 x 512 patches; the consolidation prepared after call
-	// 5 is mapped at call 6's move, with that call's pages on top.
+	// Calls 2-3 made 2 x 512 patches; the consolidation prepared after call
+	// 3 is mapped at call 4's move, with that call's pages on top.
 	peak := slices.Max(parentMaps)
 	if got := parentMaps[calls-1]; got > peak-1500 {
 		t.Errorf("the parent has %d mappings after call %d, %d at most before (per call: %v): its fragmented heap was not consolidated", got, calls, peak, parentMaps)

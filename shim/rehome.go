@@ -34,8 +34,11 @@ type rehomeResult struct {
 	Bytes    int64
 	ByTracer int64 // of Bytes, copied by the helper instead of the process
 	Duration time.Duration
-	Helper   movehelper.Reply // the helper's own account (calls, timings)
-	Binary   string           // the helper's program
+	// HelperRun is the helper's run as the shim saw it (start to reply),
+	// of Duration.
+	HelperRun time.Duration
+	Helper    movehelper.Reply // the helper's own account (calls, timings)
+	Binary    string           // the helper's program
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
 	NoNewPrivs []int
@@ -157,7 +160,9 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 			req.Hop = &movehelper.Hop{HostFile: hop.pf.Path(), Inside: filepath.Join(memfile.MountPath, hop.pf.Name()), Regions: hop.regions}
 		}
 	}
+	tHelper := time.Now()
 	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.Binary)
+	res.HelperRun = time.Since(tHelper)
 	// Kept if any process maps any of it: a region can fail part way
 	// (chunk by chunk), its first chunks mapped from the file.
 	hopped = req.Hop != nil && memfile.MappedBy(pids, hop.pf.Path())
@@ -381,8 +386,8 @@ func cgroupProcs(dir string) ([]int, error) {
 
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
-	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration,
-		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary,
+	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration, "helper_run": res.HelperRun,
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "consolidation": res.Helper.Hop, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary,
 		"consolidated": res.Helper.Hopped, "consolidated_bytes": res.Helper.HopBytes})
 	if res.Helper.HopErr != "" {
 		l = l.WithField("consolidation_refused", res.Helper.HopErr)
@@ -419,13 +424,16 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // snapshot or fork maps them: a copy of the heap for about 800 bytes of
 // kernel memory per patch per copy (two mappings). So it is a bound, not a
 // routine: once a container's moves made consolidateAfter patches since the
-// last one (8 MiB of single pages written spread over its heap; an
-// interpreter's ~65 patches per call get there after some thirty forks, a
-// parent whose writes come in runs hardly ever), which holds every fork's mapping
-// overhead near 1.6 MB and the parent's mappings far below vm.max_map_count,
-// and the pause's per-mapping cost (dump and plan) with them.
+// last one (4 MiB of single pages written spread over its heap; an
+// interpreter's ~65 patches per call get there after some fifteen forks, a
+// parent whose writes come in runs hardly ever). That holds the parent near
+// 2,000 mappings and each fork's mapping overhead near 0.8 MB, and the
+// pause's per-mapping cost with them (about 30 us a mapping: CRIU's dump,
+// the plan's and the check's smaps): measured with 256 pages written spread
+// per call, 2048 let the pause reach 212-245 ms before the consolidating
+// call, against about 100 ms at a few mappings.
 const (
-	consolidateAfter = 2048
+	consolidateAfter = 1024
 	consolidateAbove = 128 // pieces of fragmented regions in one process
 	preparedTTL      = 10 * time.Minute
 )

@@ -86,8 +86,9 @@ type Reply struct {
 	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
 	Calls    int         `json:"calls"`              // pwrite calls the processes made
 	// Where the helper's time went: seizing the tree, planning (reading
-	// smaps and pagemaps), copying and mapping.
-	Seize, Plan, Move time.Duration
+	// smaps and pagemaps), copying and mapping; of the copying and mapping,
+	// a consolidation's (Hop, with its check); installing guards.
+	Seize, Plan, Move, Hop, Guard time.Duration
 	NoNewPrivs        []int  `json:"noNewPrivs,omitempty"`
 	Err               string `json:"err,omitempty"`
 }
@@ -148,6 +149,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		if !req.Guard || len(done) == 0 {
 			return nil
 		}
+		defer func(t0 time.Time) { reply.Guard += time.Since(t0) }(time.Now())
 		ranges := make([]madvguard.Range, len(done))
 		for i, v := range done {
 			ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
@@ -186,6 +188,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 					regions = append(regions, r.VMA)
 				}
 			}
+			t1 := time.Now()
 			if len(regions) > 0 {
 				// Each region on its own: one changed since its
 				// preparation (or locked, registered, sealed meanwhile)
@@ -223,6 +226,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 					errs = append(errs, err)
 				}
 			}
+			reply.Hop += time.Since(t1)
 		}
 		// Written pages inside mappings of memory files are planned too:
 		// after a move, nothing the processes wrote stays private.
