@@ -74,6 +74,11 @@ type SnapshotSource struct {
 	// dump, before the rewrite, as the checkpoint's options asked
 	// (CheckpointOptions.ThawAfterDump); zero if it did not.
 	Thawed time.Time `json:"thawed,omitzero"`
+	// Frozen is when the shim's Pause began freezing the container for this
+	// snapshot; zero if it was paused otherwise. A Pause may first copy a
+	// fragmented heap while the container runs (consolidation): the pause
+	// the container felt is Thawed - Frozen, not from the caller's Pause.
+	Frozen time.Time `json:"frozen,omitzero"`
 }
 
 // RootfsRecord is where a snapshot's forks get the parent's writable layer

@@ -14,17 +14,34 @@ import (
 // supervisor's ptrace stops while it freezes, then let go: its threads go
 // from those stops into the freezer, and none runs a guarded call untraced
 // (madvguard.Supervisor.Hold).
+//
+// A checkpoint follows a pause (containerd's and LazyFork's clients pause
+// first): when the task's moves fragmented its heap enough, the copy that
+// consolidates it is made here, before the freeze, while the task runs,
+// and the checkpoint maps it. The call that consolidates then frees the old
+// pieces itself (when nothing else maps them) instead of leaving a copy of
+// the heap until the next one. The snapshot records when the freeze began
+// (api.SnapshotSource.Frozen), so that the pause reported is the freeze's.
 func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	defer s.trim.begin()() // a checkpoint follows: no tight memory limit now
 	s.mu.Lock()
 	delete(s.thawed, r.ID)
 	s.mu.Unlock()
+	if st, err := s.stateOf(ctx, r.ID); err == nil {
+		s.prepareConsolidation(ctx, st)
+	}
 	sup := s.supervisorOf(r.ID)
 	held, err := sup.hold()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
+	freezing := time.Now().UTC()
 	resp, err := s.TTRPCTaskService.Pause(ctx, r)
+	if err == nil {
+		s.mu.Lock()
+		s.frozenAt[r.ID] = freezing
+		s.mu.Unlock()
+	}
 	if held {
 		if err != nil {
 			sup.unhold(ctx)

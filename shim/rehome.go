@@ -200,10 +200,6 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 // a hundred containers), and the container maps none of these ranges either
 // way.
 func (s *Service) freeReplaced(ctx context.Context, st *containerState, replaced []memfile.FileRange) {
-	// The fork call waits for it (a copy of the fragmented regions, once
-	// per consolidateAfter patches): run beside the next calls, it would
-	// race them and the container's Delete.
-	defer s.prepareConsolidation(ctx, st)
 	if len(replaced) == 0 {
 		return
 	}
@@ -407,17 +403,17 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // each move, and its heap becomes thousands of mappings, in it and in every
 // fork restored from its dumps (about 400 bytes of kernel memory each per
 // copy, and microseconds each in every dump and move). Once a container's
-// moves fragment it enough (below), the checkpoint prepares a
-// consolidation after the thaw, off the pause (not off the fork call): a new
-// file holding its fragmented regions as it sees them, copied from the
-// family's files (they never change) by the helper in its memory cgroup,
-// within half its limit's headroom (cgroup v1; on v2 the helper could not
-// join it, and nothing is prepared). The next
-// move maps each region whole from that file, with the pages written since
-// on top, and the dump that follows, and its forks, see one mapping. A
-// prepared file stays a temporary file of the store (flocked by this shim:
-// GC removes it if the shim dies) until that move publishes it, and is
-// dropped after preparedTTL unused.
+// moves fragment it enough (below), its next Pause (before the freeze: the
+// container runs) prepares a consolidation: a new file holding its
+// fragmented regions as it sees them, copied from the family's files (they
+// never change) by the helper in its memory cgroup, within half its limit's
+// headroom (cgroup v1; on v2 the helper could not join it, and nothing is
+// prepared). The checkpoint's move maps each region whole from that file,
+// with the pages written since on top, and its dump and forks see one
+// mapping; the old pieces are freed in the same call when nothing else maps
+// them. A prepared file stays a temporary file of the store (flocked by
+// this shim: GC removes it if the shim dies) until that move publishes it,
+// and is dropped after preparedTTL unused (a pause no checkpoint followed).
 //
 // A consolidation copies whole regions (a heap) to save the mappings
 // patches made, and the regions' old files stay for as long as an earlier
@@ -487,7 +483,7 @@ func takePrepared(key string) *preparedHop {
 	return h
 }
 
-// noteMove records a container's move for the preparation after the thaw.
+// noteMove records a container's move for the preparation at its next Pause.
 func noteMove(key string, pid, patches int, consolidated bool) {
 	consolidation.Lock()
 	defer consolidation.Unlock()
@@ -522,7 +518,7 @@ func (h *preparedHop) finish(ctx context.Context, store *memfile.Store, st *cont
 }
 
 // prepareConsolidation prepares a consolidation for a container whose moves
-// fragment it fast enough (see above). It runs after the thaw; failures only
+// fragment it fast enough (see above). It runs in Pause, before the freeze; failures only
 // cost the consolidation.
 func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) {
 	key := st.Namespace + "/" + st.ID

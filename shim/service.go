@@ -55,6 +55,7 @@ type Service struct {
 	mu         sync.Mutex
 	containers map[string]*container // by container id, guarded by mu
 	thawed     map[string]bool       // tasks thawed by a checkpoint, whose next Resume is done; guarded by mu
+	frozenAt   map[string]time.Time  // when this shim's last Pause of each task began freezing it; guarded by mu
 	oomWatcher oom.Watcher           // for restored tasks, guarded by mu
 
 	trim heapTrimmer
@@ -98,6 +99,7 @@ func NewService(ctx context.Context, runc taskAPI.TTRPCTaskService, publisher sh
 		self:             self,
 		containers:       map[string]*container{},
 		thawed:           map[string]bool{},
+		frozenAt:         map[string]time.Time{},
 	}, nil
 }
 
@@ -576,6 +578,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	// unless the task is frozen (nothing changes then), after it too.
 	t0 := time.Now()
 	frozen := ts.Status == tasktypes.Status_PAUSED
+	s.mu.Lock()
+	frozenAt := s.frozenAt[r.ID] // a frozen task's last Pause
+	s.mu.Unlock()
 	mode, guard, err := parseMadvise(st.Madvise)
 	if st.Madvise == "" {
 		mode, guard, err = parseMadvise(s.cfg.Madvise)
@@ -701,6 +706,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	src := &api.SnapshotSource{Namespace: st.Namespace, Container: st.ID, Family: st.Family,
 		PodNamespace: st.PodNamespace, Forkable: st.Forkable, Taken: time.Now().UTC(), Thawed: thawed}
+	if frozen {
+		src.Frozen = frozenAt
+	}
 	// The source record and the guard go into the staged image, so the
 	// snapshot appears with them or not at all; only restored copies carry
 	// the guard.
@@ -794,6 +802,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	c := s.containers[r.ID]
 	delete(s.containers, r.ID)
 	delete(s.thawed, r.ID)
+	delete(s.frozenAt, r.ID)
 	var sup *supervisor
 	if c != nil {
 		sup = c.sup

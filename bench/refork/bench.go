@@ -304,9 +304,11 @@ func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 		}
 		moves0 := b.moves(parent.ID)
 		du0 := tmpfsBytes(memDir)
+		stopPeak := tmpfsPeak(memDir)
 		t0 := time.Now()
 		res, err := b.lf.Fork(ctx, parent.ID, 1, lfclient.KeepSnapshot(), b.logIO())
 		c.wall = time.Since(t0)
+		c.tmpfsPeak = stopPeak()
 		if err != nil && isRestoreFailure(err) {
 			// A fork that failed to restore leaves the parent running and
 			// nothing behind: the series goes on, the failure is reported
@@ -348,8 +350,8 @@ func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 			made = made[:len(made)-1]
 		}
 		b.r.calls = append(b.r.calls, c)
-		fmt.Fprintf(os.Stderr, "  call %2d: paused %7.1f ms  wall %7.1f ms (checkpoint %.0f, restore %.0f)  tmpfs +%8.2f MB  image %8.2f MB  parent cgroup %7.2f MB anon %7.2f MB  moved %.2f MB in %v\n",
-			i, c.paused.Seconds()*1000, c.wall.Seconds()*1000, c.checkpoint.Seconds()*1000, c.restore.Seconds()*1000, float64(c.tmpfsAdded)/1e6, float64(c.image)/1e6,
+		fmt.Fprintf(os.Stderr, "  call %2d: paused %7.1f ms  wall %7.1f ms (checkpoint %.0f, restore %.0f)  tmpfs +%8.2f MB (peak +%.2f)  image %8.2f MB  parent cgroup %7.2f MB anon %7.2f MB  moved %.2f MB in %v\n",
+			i, c.paused.Seconds()*1000, c.wall.Seconds()*1000, c.checkpoint.Seconds()*1000, c.restore.Seconds()*1000, float64(c.tmpfsAdded)/1e6, float64(c.tmpfsPeak)/1e6, float64(c.image)/1e6,
 			float64(c.parent.cgroup)/1e6, float64(c.parent.rssAnon)/1e6, float64(c.moved.bytes)/1e6, c.moved.dur)
 	}
 	if !slices.Contains(b.cfg.totalHeaps, heapMiB) || b.cfg.totalForks < 1 {
@@ -439,6 +441,40 @@ func (b *bench) moves(id string) []move {
 		out = append(out, move{n, d})
 	}
 	return out
+}
+
+// tmpfsPeak samples the used bytes of the file system holding dir every
+// 2 ms until the returned func is called, which returns the most they
+// grew meanwhile: what a call held at its peak (a consolidation holds the
+// heap twice until it frees the old pieces), beyond what it left.
+func tmpfsPeak(dir string) func() int64 {
+	used := func() int64 {
+		var st unix.Statfs_t
+		if unix.Statfs(dir, &st) != nil {
+			return 0
+		}
+		return int64(st.Blocks-st.Bfree) * st.Bsize
+	}
+	base, peak := used(), int64(0)
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		for {
+			peak = max(peak, used()-base)
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		<-stopped
+		return max(peak, used()-base)
+	}
 }
 
 // tmpfsBytes is what the files under dir occupy (st_blocks*512, each inode

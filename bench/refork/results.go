@@ -32,6 +32,7 @@ type call struct {
 	dirtied                           int64 // bytes of private pages the parent gained since (its RssAnon; move modes)
 	paused, wall, checkpoint, restore time.Duration
 	tmpfsAdded                        int64
+	tmpfsPeak                         int64 // the most the tmpfs grew during the call
 	image, imagePages                 int64
 	moved                             move
 	parent                            memSample // after the call
@@ -82,11 +83,11 @@ func ms(d time.Duration) string { return strconv.FormatFloat(d.Seconds()*1000, '
 // callsTable is one row per call (index 0: the parent before its first fork).
 func (r *results) callsTable() *report.Table {
 	t := &report.Table{Columns: []string{"heap_mib", "mode", "call", "written_bytes", "dirtied_bytes", "paused_s", "wall_s", "checkpoint_s", "restore_s",
-		"tmpfs_added_bytes", "image_bytes", "image_pages_bytes", "moved_bytes", "move_s",
+		"tmpfs_added_bytes", "tmpfs_peak_bytes", "image_bytes", "image_pages_bytes", "moved_bytes", "move_s",
 		"parent_cgroup_bytes", "parent_cgroup_anon_bytes", "parent_cgroup_shmem_bytes", "parent_rss_anon_bytes"}}
 	for _, c := range r.calls {
 		t.Add(c.heap, c.mode, c.index, c.written, c.dirtied, c.paused, c.wall, c.checkpoint, c.restore,
-			c.tmpfsAdded, c.image, c.imagePages, c.moved.bytes, c.moved.dur,
+			c.tmpfsAdded, c.tmpfsPeak, c.image, c.imagePages, c.moved.bytes, c.moved.dur,
 			c.parent.cgroup, c.parent.anon, c.parent.shmem, c.parent.rssAnon)
 	}
 	return t
@@ -166,6 +167,8 @@ func (r *results) summaryTable() *report.Table {
 			wr := report.Max(later(cs, func(c call) int64 { return c.written }))
 			t.Add(hm, mode, "tmpfs added MB", mb(c1.tmpfsAdded), mb(report.Median(ta)), mb(report.Max(ta)),
 				fmt.Sprintf("2-N <= 2x written (heap writes %s)", mb(2*wr)))
+			tp := later(cs, func(c call) int64 { return c.tmpfsPeak })
+			t.Add(hm, mode, "tmpfs peak in call MB", mb(c1.tmpfsPeak), mb(report.Median(tp)), mb(report.Max(tp)), "(held during the call)")
 			if mode != modeOff {
 				dt := later(cs, func(c call) int64 { return c.dirtied })
 				t.Add(hm, mode, "dirtied MB", "", mb(report.Median(dt)), mb(report.Max(dt)), "private pages gained since the last move (RssAnon)")
