@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/memfile"
 )
@@ -482,27 +483,29 @@ func TestRehomeSpreadWrites(t *testing.T) {
 	parent := &counter{e: e, id: id, task: task}
 	parent.waitLine(t, ctx, 0, "ready ")
 	parent.waitLine(t, ctx, 0, "tick 3")
-	fork := func() *counter {
+	fork := func() (*counter, *lfclient.Result) {
 		t.Helper()
-		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
+		res, err := lf.Fork(ctx, parent.id, 1, e.logIO(), lfclient.KeepSnapshot())
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { lf.RemoveSnapshot(context.WithoutCancel(ctx), res.Snapshot) })
 		f := e.forks(res)[0]
 		checkContinues(t, ctx, parent, f)
-		return f
+		return f, res
 	}
-	first := fork() // the parent moves onto its memory file
+	first, _ := fork() // the parent moves onto its memory file
 	parentMaps := []int{mapCount(t, task.Pid())}
 	// Its first move guarded its heap; the patches and the consolidation
 	// after lie inside, and add no filter (a live process cannot drop one:
 	// a guard per move stacked up to the kernel's limit, some 30 moves).
 	filters := seccompFilters(t, task.Pid())
 	var last *counter
+	var lastRes *lfclient.Result
 	for call := 2; call <= calls; call++ {
 		parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
 		if call == calls {
-			last = fork()
+			last, lastRes = fork()
 		} else {
 			res, err := lf.Checkpoint(ctx, parent.id)
 			if err != nil {
@@ -526,6 +529,16 @@ func TestRehomeSpreadWrites(t *testing.T) {
 	peak := slices.Max(parentMaps)
 	if got := parentMaps[calls-1]; got > peak-1500 {
 		t.Errorf("the parent has %d mappings after call %d, %d at most before (per call: %v): its fragmented heap was not consolidated", got, calls, peak, parentMaps)
+	}
+	// The consolidating call copied the heap in its Pause, the parent
+	// running: the pause reported is the freeze the snapshot recorded.
+	snap, err := lf.Node().Snapshot(ctx, lastRes.Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Frozen.IsZero() || !snap.Thawed.After(snap.Frozen) || lastRes.Paused != snap.Thawed.Sub(snap.Frozen) {
+		t.Errorf("call %d: frozen %v, thawed %v, reported paused %v: want the pause from the shim's freeze to its thaw",
+			calls, snap.Frozen, snap.Thawed, lastRes.Paused)
 	}
 	if got := mapCount(t, last.task.Pid()); got > peak-1500 {
 		t.Errorf("the fork of call %d has %d mappings, the parent had %d: it carries the fragments", calls, got, peak)
