@@ -8,11 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/lazyfork/lazyfork/internal/criurun"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	"github.com/lazyfork/lazyfork/memfile/rehome"
@@ -348,18 +348,8 @@ func move(req moveRequest) (retErr error) {
 }
 
 func seccompFilters(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return -1
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Seccomp_filters:"); ok {
-			var n int
-			fmt.Sscan(v, &n)
-			return n
-		}
-	}
-	return -1
+	n, _ := procfs.SeccompFilters(pid)
+	return n
 }
 
 func waitLines(ctx context.Context, path string, n int, timeout time.Duration) error {

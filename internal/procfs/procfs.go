@@ -143,3 +143,19 @@ func unescapeMount(s string) string {
 	}
 	return b.String()
 }
+
+// SeccompFilters is the number of seccomp filters process pid runs under
+// (Seccomp_filters in its status, Linux 5.9 and later); -1 and an error if
+// its status does not say.
+func SeccompFilters(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1, err
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Seccomp_filters:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return -1, fmt.Errorf("process %d: no Seccomp_filters in its status (Linux 5.9 or later)", pid)
+}

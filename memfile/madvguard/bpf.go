@@ -1,6 +1,7 @@
 package madvguard
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
@@ -109,29 +110,7 @@ func ParseMode(s string) (Mode, error) {
 // and nearby (gap < MergeGap) ones, then closes the smallest gaps until at
 // most MaxRanges remain.
 func Compact(in []Range) []Range {
-	rs := make([]Range, 0, len(in))
-	for _, r := range in {
-		if r.End > r.Start {
-			rs = append(rs, r)
-		}
-	}
-	slices.SortFunc(rs, func(a, b Range) int {
-		switch {
-		case a.Start < b.Start:
-			return -1
-		case a.Start > b.Start:
-			return 1
-		}
-		return 0
-	})
-	var out []Range
-	for _, r := range rs {
-		if n := len(out); n > 0 && r.Start <= out[n-1].End+MergeGap {
-			out[n-1].End = max(out[n-1].End, r.End)
-			continue
-		}
-		out = append(out, r)
-	}
+	out := joinNear(in, MergeGap)
 	for len(out) > MaxRanges {
 		best := 0
 		for i := 1; i < len(out)-1; i++ {
@@ -418,53 +397,83 @@ func isGuard(b []byte) bool {
 	return m == magic || m == magicV1
 }
 
-// Covered reports whether the guards of the given mode among a process's
-// seccomp filters (each as the kernel stores it: 8-byte instructions, as
-// PTRACE_SECCOMP_GET_FILTER returns them) already refuse the calls on every
-// range of rs. A live process cannot drop a filter: a move that installed a
-// guard for every patch would stack one per move, until the kernel's limit
-// on a chain's instructions (32768, about 30 guards of 64 ranges) failed the
-// next. (A filter the process installed itself with our magic can make it
-// skip its own guard: that only changes what its own madvise calls read.)
-func Covered(filters [][]byte, mode Mode, rs []Range) bool {
-	var have []Range
-	for _, f := range filters {
-		if !isGuard(f) {
-			continue
+// Uncovered returns the ranges of rs that the guards of the given mode do
+// not already cover on every thread: chains holds each thread's seccomp
+// filters as the kernel stores them (8-byte instructions, as
+// PTRACE_SECCOMP_GET_FILTER returns them). A live process cannot drop a
+// filter: a move that installed a guard for every patch would stack one per
+// move, until the kernel's limit on a chain's instructions (32768, about 30
+// guards of 64 ranges) failed the next. A filter counts only if it is
+// byte for byte the guard Program makes of the ranges it names: one the
+// process made itself, with our magic and a body that lets calls through,
+// counts for nothing.
+func Uncovered(chains [][][]byte, mode Mode, rs []Range) []Range {
+	var perThread [][]Range
+	for _, filters := range chains {
+		var have []Range
+		for _, f := range filters {
+			if grs, ok := genuineGuard(f, mode); ok {
+				have = append(have, grs...)
+			}
 		}
-		grs, m, err := guardRanges(f)
-		if err == nil && m == mode {
-			have = append(have, grs...)
-		}
+		perThread = append(perThread, joinNear(have, 0))
 	}
-	have = merge(have)
+	var out []Range
 	for _, r := range rs {
 		if r.End <= r.Start {
 			continue
 		}
-		i, _ := slices.BinarySearchFunc(have, r.Start, func(h Range, a uint64) int {
-			switch {
-			case h.End <= a:
-				return -1
-			case h.Start > a:
-				return 1
-			}
-			return 0
-		})
-		if i == len(have) || have[i].Start > r.Start || have[i].End < r.End {
-			return false
+		if len(perThread) == 0 || slices.ContainsFunc(perThread, func(have []Range) bool { return !within(have, r) }) {
+			out = append(out, r)
 		}
 	}
-	return true
+	return out
 }
 
-// merge sorts ranges and joins overlapping and touching ones.
-func merge(in []Range) []Range {
-	rs := slices.Clone(in)
+// genuineGuard returns the ranges of f if it is exactly the guard of mode
+// that Program makes of them.
+func genuineGuard(f []byte, mode Mode) ([]Range, bool) {
+	if !isGuard(f) {
+		return nil, false
+	}
+	rs, m, err := guardRanges(f)
+	if err != nil || m != mode {
+		return nil, false
+	}
+	prog, err := Program(rs, mode)
+	if err != nil || !bytes.Equal(encode(prog), f) {
+		return nil, false
+	}
+	return rs, true
+}
+
+// within reports whether r lies inside one range of have (sorted, joined).
+func within(have []Range, r Range) bool {
+	i, _ := slices.BinarySearchFunc(have, r.Start, func(h Range, a uint64) int {
+		switch {
+		case h.End <= a:
+			return -1
+		case h.Start > a:
+			return 1
+		}
+		return 0
+	})
+	return i < len(have) && have[i].Start <= r.Start && r.End <= have[i].End
+}
+
+// joinNear drops empty ranges, sorts the others and joins those that
+// overlap or lie less than gap apart (touching ones too).
+func joinNear(in []Range, gap uint64) []Range {
+	rs := make([]Range, 0, len(in))
+	for _, r := range in {
+		if r.End > r.Start {
+			rs = append(rs, r)
+		}
+	}
 	slices.SortFunc(rs, func(a, b Range) int { return cmp.Compare(a.Start, b.Start) })
 	var out []Range
 	for _, r := range rs {
-		if n := len(out); n > 0 && r.Start <= out[n-1].End {
+		if n := len(out); n > 0 && r.Start <= out[n-1].End+gap {
 			out[n-1].End = max(out[n-1].End, r.End)
 			continue
 		}

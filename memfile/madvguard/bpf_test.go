@@ -334,7 +334,7 @@ func TestBadImageDir(t *testing.T) {
 // mad is a madvise call.
 func mad(addr, n uint64, advice int) call { return call{Addr: addr, Len: n, Advice: advice} }
 
-func TestCovered(t *testing.T) {
+func TestUncovered(t *testing.T) {
 	guard := func(mode Mode, rs ...Range) []byte {
 		prog, err := Program(rs, mode)
 		if err != nil {
@@ -344,27 +344,40 @@ func TestCovered(t *testing.T) {
 	}
 	heap := Range{0x7f0000000000, 0x7f0010000000} // 256 MiB, moved at the first call
 	more := Range{0x7f0010000000, 0x7f0010200000} // grown since, moved later
+	patch := Range{heap.Start + 0x5000, heap.Start + 0x6000}
 	notOurs := guard(Refuse, heap)
 	notOurs[4] ^= 0xff // the same program without our magic
+	// Our magic and ranges, but a body that lets every call through: what
+	// a process could install to make a move skip its guard.
+	forged := guard(Refuse, heap)
+	copy(forged[8*2:], encode([]unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW}}))
+	if _, _, err := guardRanges(forged); err != nil {
+		t.Fatalf("the forged guard does not even parse: %v", err)
+	}
 	chain := [][]byte{guard(Refuse, more), notOurs, guard(Refuse, heap)}
+	one := func(filters ...[]byte) [][][]byte { return [][][]byte{filters} }
 	for _, c := range []struct {
-		name    string
-		filters [][]byte
-		mode    Mode
-		rs      []Range
-		want    bool
+		name   string
+		chains [][][]byte
+		mode   Mode
+		rs     []Range
+		want   []Range // uncovered
 	}{
-		{"patches inside the heap", chain, Refuse, []Range{{heap.Start + 0x5000, heap.Start + 0x6000}, {heap.End - 0x1000, heap.End}}, true},
-		{"a patch across two guards' ranges", chain, Refuse, []Range{{heap.End - 0x1000, more.Start + 0x1000}}, true},
-		{"nothing to guard", nil, Refuse, nil, true},
-		{"no filter", nil, Refuse, []Range{heap}, false},
-		{"memory beyond every guard", chain, Refuse, []Range{{more.End, more.End + 0x1000}}, false},
-		{"one of several outside", chain, Refuse, []Range{{heap.Start, heap.Start + 0x1000}, {0x1000, 0x2000}}, false},
-		{"another mode's guard", chain, Zero, []Range{{heap.Start, heap.Start + 0x1000}}, false},
-		{"a filter without our magic", [][]byte{notOurs}, Refuse, []Range{{heap.Start, heap.Start + 0x1000}}, false},
+		{"patches inside the heap", one(chain...), Refuse, []Range{patch, {heap.End - 0x1000, heap.End}}, nil},
+		{"a patch across two guards' ranges", one(chain...), Refuse, []Range{{heap.End - 0x1000, more.Start + 0x1000}}, nil},
+		{"nothing to guard", nil, Refuse, nil, nil},
+		{"no filter", one(), Refuse, []Range{heap}, []Range{heap}},
+		{"no thread read", nil, Refuse, []Range{heap}, []Range{heap}},
+		{"memory beyond every guard", one(chain...), Refuse, []Range{patch, {more.End, more.End + 0x1000}}, []Range{{more.End, more.End + 0x1000}}},
+		{"another mode's guard", one(chain...), Zero, []Range{patch}, []Range{patch}},
+		{"a zero-mode guard", one(guard(Zero, heap)), Zero, []Range{patch}, nil},
+		{"a filter without our magic", one(notOurs), Refuse, []Range{patch}, []Range{patch}},
+		{"a forged guard", one(forged), Refuse, []Range{patch}, []Range{patch}},
+		{"a thread without the guard", [][][]byte{chain, {notOurs}}, Refuse, []Range{patch}, []Range{patch}},
+		{"every thread guarded", [][][]byte{chain, {guard(Refuse, heap)}}, Refuse, []Range{patch}, nil},
 	} {
-		if got := Covered(c.filters, c.mode, c.rs); got != c.want {
-			t.Errorf("%s: Covered = %v, want %v", c.name, got, c.want)
+		if got := Uncovered(c.chains, c.mode, c.rs); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: Uncovered = %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -230,8 +230,7 @@ func copyRange(dst *os.File, dstOff int64, src *os.File, extents []fileextent.Ex
 	return copied, nil
 }
 
-// checkPieces verifies, against maps (the content of /proc/pid/maps or
-// smaps: field lines are skipped), that
+// checkPieces verifies, against maps (the content of /proc/pid/maps), that
 // the mappings of process pid inside region r are exactly r's pieces: same
 // ranges, protection, files and offsets.
 func checkPieces(pid int, maps []byte, r VMA) error {
@@ -269,17 +268,20 @@ func checkPieces(pid int, maps []byte, r VMA) error {
 // are in skipFlags (locked, userfaultfd-registered, don't-fork, sealed ...
 // since the preparation: mapping the region anew would drop the property).
 func StillPrepared(pid int, regions []VMA) ([]VMA, error) {
-	// smaps alone: its headers are maps' lines, and the container is
-	// paused while thousands of them are read.
+	// smaps alone (its headers are maps' lines): the container is paused
+	// while thousands of them are read.
 	smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
 		return nil, fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
 	}
 	var flagged [][2]uint64
 	var cur VMA
+	var maps bytes.Buffer // smaps' header lines: maps, checked once per region
 	for l := range bytes.SplitSeq(smaps, []byte("\n")) {
 		if v, _, ok := parseHeader(l); ok {
 			cur = v
+			maps.Write(l)
+			maps.WriteByte('\n')
 			continue
 		}
 		if rest, found := bytes.CutPrefix(l, []byte("VmFlags:")); found {
@@ -293,7 +295,7 @@ func StillPrepared(pid int, regions []VMA) ([]VMA, error) {
 	}
 	var out []VMA
 	for _, r := range regions {
-		if checkPieces(pid, smaps, r) != nil {
+		if checkPieces(pid, maps.Bytes(), r) != nil {
 			continue
 		}
 		if slices.ContainsFunc(flagged, func(f [2]uint64) bool { return f[0] < r.End && r.Start < f[1] }) {

@@ -47,7 +47,7 @@ func TestInstallFilterGuardsMadvise(t *testing.T) {
 			}
 		}
 	}
-	var before, after [][]byte
+	var before, after [][][]byte
 	if err == nil {
 		before, err = tr.Filters(p.pid)
 	}
@@ -67,14 +67,22 @@ func TestInstallFilterGuardsMadvise(t *testing.T) {
 	}
 	t.Logf("processes given no_new_privs: %v", tr.NoNewPrivs)
 	inside := []madvguard.Range{{Start: guarded.Start + pageSize, End: guarded.End - pageSize}}
-	if len(after) != len(before)+1 || madvguard.Covered(before, madvguard.Refuse, inside) {
-		t.Errorf("filters read before the guard: %d, after: %d; want one more", len(before), len(after))
+	spare := []madvguard.Range{{Start: p.spare[0], End: p.spare[0] + pageSize}}
+	if len(after) == 0 || len(after) != len(before) {
+		t.Fatalf("threads read before the guard: %d, after: %d", len(before), len(after))
 	}
-	if !madvguard.Covered(after, madvguard.Refuse, inside) {
-		t.Error("the guard read back from the process does not cover its own range")
+	for i := range after {
+		if len(after[i]) != len(before[i])+1 {
+			t.Errorf("thread %d: %d filters before the guard, %d after; want one more (TSYNC)", i, len(before[i]), len(after[i]))
+		}
 	}
-	if madvguard.Covered(after, madvguard.Refuse, []madvguard.Range{{Start: p.spare[0], End: p.spare[0] + pageSize}}) ||
-		madvguard.Covered(after, madvguard.Zero, inside) {
+	if got := madvguard.Uncovered(before, madvguard.Refuse, inside); len(got) != 1 {
+		t.Errorf("before the guard, uncovered: %v; want the heap", got)
+	}
+	if got := madvguard.Uncovered(after, madvguard.Refuse, inside); len(got) != 0 {
+		t.Errorf("the guard read back from every thread leaves %v of its own range uncovered", got)
+	}
+	if len(madvguard.Uncovered(after, madvguard.Refuse, spare)) != 1 || len(madvguard.Uncovered(after, madvguard.Zero, inside)) != 1 {
 		t.Error("the guard read back covers a range, or a mode, it was not given")
 	}
 

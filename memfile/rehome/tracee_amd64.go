@@ -928,30 +928,35 @@ func (t *Tracee) installFilter(pid int, prog []unix.SockFilter) (err error) {
 
 const ptraceSeccompGetFilter = 0x420c
 
-// Filters returns the classic BPF seccomp filters of process pid's
-// injection thread, newest first, as the kernel stores them (8-byte
-// instructions), by PTRACE_SECCOMP_GET_FILTER. Filters installed with
-// TSYNC (InstallFilter's) are on every thread. Nil if it has none.
-func (t *Tracee) Filters(pid int) (filters [][]byte, err error) {
+// Filters returns the classic BPF seccomp filters of each thread of process
+// pid (each thread's chain, oldest first, as the kernel stores them: 8-byte
+// instructions), by PTRACE_SECCOMP_GET_FILTER. A thread not in filter mode
+// has an empty chain.
+func (t *Tracee) Filters(pid int) (chains [][][]byte, err error) {
 	err = t.do(func() error {
 		p, err := t.proc(pid)
 		if err != nil {
 			return err
 		}
-		for i := 0; ; i++ {
-			n, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(p.inj), uintptr(i), 0, 0, 0)
-			if e == unix.ENOENT || e == unix.EINVAL && i == 0 {
-				return nil // past the oldest filter, or not in filter mode
+		for _, tid := range p.tids {
+			var chain [][]byte
+			for i := 0; ; i++ {
+				n, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(tid), uintptr(i), 0, 0, 0)
+				if e == unix.ENOENT || e == unix.EINVAL && i == 0 {
+					break // past the newest filter, or not in filter mode
+				}
+				if e != 0 || n == 0 {
+					return fmt.Errorf("rehome: process %d thread %d: PTRACE_SECCOMP_GET_FILTER %d: %d instructions, %w", pid, tid, i, n, e)
+				}
+				buf := make([]byte, 8*n)
+				if _, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(tid), uintptr(i), uintptr(unsafe.Pointer(&buf[0])), 0, 0); e != 0 {
+					return fmt.Errorf("rehome: process %d thread %d: PTRACE_SECCOMP_GET_FILTER %d: %w", pid, tid, i, e)
+				}
+				chain = append(chain, buf)
 			}
-			if e != 0 || n == 0 {
-				return fmt.Errorf("rehome: process %d: PTRACE_SECCOMP_GET_FILTER %d: %d instructions, %w", pid, i, n, e)
-			}
-			buf := make([]byte, 8*n)
-			if _, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(p.inj), uintptr(i), uintptr(unsafe.Pointer(&buf[0])), 0, 0); e != 0 {
-				return fmt.Errorf("rehome: process %d: PTRACE_SECCOMP_GET_FILTER %d: %w", pid, i, e)
-			}
-			filters = append(filters, buf)
+			chains = append(chains, chain)
 		}
+		return nil
 	})
-	return filters, err
+	return chains, err
 }

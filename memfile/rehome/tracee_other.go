@@ -44,4 +44,4 @@ func (t *Tracee) MoveFile(pid int, host *os.File, path string, vmas []VMA, chunk
 }
 
 // Filters is not implemented on this architecture.
-func (t *Tracee) Filters(pid int) ([][]byte, error) { return nil, supported() }
+func (t *Tracee) Filters(pid int) ([][][]byte, error) { return nil, supported() }

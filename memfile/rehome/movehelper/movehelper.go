@@ -86,11 +86,15 @@ type Reply struct {
 	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
 	Calls    int         `json:"calls"`              // pwrite calls the processes made
 	// Where the helper's time went: seizing the tree, planning (reading
-	// smaps and pagemaps), copying and mapping; of the copying and mapping,
-	// a consolidation's (Hop, with its check); installing guards.
+	// smaps and pagemaps), copying and mapping (Move), and installing
+	// guards (Guard); Hop is a consolidation's whole step (its check, its
+	// copying and mapping, also in Move, and its guard, also in Guard).
 	Seize, Plan, Move, Hop, Guard time.Duration
-	NoNewPrivs        []int  `json:"noNewPrivs,omitempty"`
-	Err               string `json:"err,omitempty"`
+	// FilterErr: the processes' seccomp filters could not be read, so each
+	// move guarded everything it moved with a filter of its own.
+	FilterErr  string `json:"filterErr,omitempty"`
+	NoNewPrivs []int  `json:"noNewPrivs,omitempty"`
+	Err        string `json:"err,omitempty"`
 }
 
 // Run is the helper's side: read a Request from stdin, seize the frozen
@@ -155,9 +159,12 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
 		}
 		// Patches and consolidated regions lie in memory its guards
-		// cover already: a filter per move would stack up to the kernel's
-		// limit. (Unreadable filters: installed anyway.)
-		if fs, err := tr.Filters(pid); err == nil && madvguard.Covered(fs, madvguard.Mode(req.Mode), ranges) {
+		// cover already: only what none covers gets a filter, or one per
+		// move would stack up to the kernel's limit. (Unreadable filters:
+		// all of it, and the reason reported.)
+		if chains, err := tr.Filters(pid); err != nil {
+			reply.FilterErr = err.Error()
+		} else if ranges = madvguard.Uncovered(chains, madvguard.Mode(req.Mode), ranges); len(ranges) == 0 {
 			return nil
 		}
 		prog, err := madvguard.Program(ranges, madvguard.Mode(req.Mode))
