@@ -74,11 +74,12 @@ type SnapshotSource struct {
 	// dump, before the rewrite, as the checkpoint's options asked
 	// (CheckpointOptions.ThawAfterDump); zero if it did not.
 	Thawed time.Time `json:"thawed,omitzero"`
-	// Frozen is when the shim's Pause began freezing the container for this
-	// snapshot; zero if it was paused otherwise. A Pause may first copy a
+	// Paused is how long the container was frozen, from when the shim's
+	// Pause began freezing it to Thawed, on the shim's monotonic clock; zero
+	// if it was paused otherwise or not thawed. A Pause may first copy a
 	// fragmented heap while the container runs (consolidation): the pause
-	// the container felt is Thawed - Frozen, not from the caller's Pause.
-	Frozen time.Time `json:"frozen,omitzero"`
+	// the container felt is this, not the time since the caller's Pause.
+	Paused time.Duration `json:"pausedNs,omitempty"`
 }
 
 // RootfsRecord is where a snapshot's forks get the parent's writable layer

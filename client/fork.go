@@ -704,13 +704,12 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 	// The shim records in the snapshot's source when it thawed the task.
 	if !snap.Thawed.IsZero() {
 		thawedEarly = true
-		// From the freeze: the shim's Pause may have copied a fragmented
-		// heap first, the parent running (a consolidation).
-		from := t0
-		if snap.Frozen.After(t0) {
-			from = snap.Frozen
+		res.Paused, res.ThawedBeforeRewrite = snap.Thawed.Sub(t0), true
+		if snap.Paused > 0 {
+			// The shim's own account: its Pause may have copied a
+			// fragmented heap first, the parent running (a consolidation).
+			res.Paused = snap.Paused
 		}
-		res.Paused, res.ThawedBeforeRewrite = snap.Thawed.Sub(from), true
 	}
 	if err := failpoint(ctx, FailAfterCheckpt); err != nil {
 		return err

@@ -178,7 +178,7 @@ func (l *Local) Snapshot(_ context.Context, imageDir string) (*Snapshot, error) 
 	}
 	s := &Snapshot{ImageDir: imageDir, Family: info.Family, Pages: info.Pages}
 	if src, err := api.ReadSnapshotSource(imageDir); err == nil {
-		s.Thawed, s.Frozen = src.Thawed, src.Frozen
+		s.Thawed, s.Paused = src.Thawed, src.Paused
 		s.SourceNamespace, s.SourceContainer = src.Namespace, src.Container
 	}
 	snapDir := filepath.Dir(imageDir)

@@ -83,8 +83,9 @@ type Snapshot struct {
 	// Thawed is when the shim thawed the parent after its dump (zero if
 	// it did not).
 	Thawed time.Time
-	// Frozen is when the shim froze the parent for it (zero if unknown).
-	Frozen time.Time
+	// Paused is how long the shim kept the parent frozen for it, when it
+	// froze and thawed it (zero otherwise).
+	Paused time.Duration
 	// Rootfs is nil if the snapshot has no rootfs record.
 	Rootfs *api.RootfsRecord
 	// Bytes of the snapshot directory's files.

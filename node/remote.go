@@ -135,7 +135,7 @@ func (r *Remote) Snapshot(ctx context.Context, imageDir string) (*Snapshot, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Snapshot{ImageDir: s.ImageDir, Family: s.Family, Pages: s.Pages, Thawed: fromUnixNano(s.ThawedUnixNano), Frozen: fromUnixNano(s.FrozenUnixNano),
+	return &Snapshot{ImageDir: s.ImageDir, Family: s.Family, Pages: s.Pages, Thawed: fromUnixNano(s.ThawedUnixNano), Paused: time.Duration(s.PausedNanos),
 		Rootfs: rootfsFromPB(s.Rootfs), Bytes: s.Bytes, SourceNamespace: s.SourceNamespace, SourceContainer: s.SourceContainer}, nil
 }
 

@@ -60,7 +60,7 @@ func (s *Service) GetSnapshot(ctx context.Context, r *pb.GetSnapshotRequest) (*p
 	if err != nil {
 		return nil, toGRPC(err)
 	}
-	return &pb.Snapshot{ImageDir: sn.ImageDir, Family: sn.Family, Pages: sn.Pages, ThawedUnixNano: unixNano(sn.Thawed), FrozenUnixNano: unixNano(sn.Frozen),
+	return &pb.Snapshot{ImageDir: sn.ImageDir, Family: sn.Family, Pages: sn.Pages, ThawedUnixNano: unixNano(sn.Thawed), PausedNanos: int64(sn.Paused),
 		Rootfs: rootfsToPB(sn.Rootfs), Bytes: sn.Bytes, SourceNamespace: sn.SourceNamespace, SourceContainer: sn.SourceContainer}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
@@ -20,22 +21,34 @@ import (
 // consolidates it is made here, before the freeze, while the task runs,
 // and the checkpoint maps it. The call that consolidates then frees the old
 // pieces itself (when nothing else maps them) instead of leaving a copy of
-// the heap until the next one. The snapshot records when the freeze began
-// (api.SnapshotSource.Frozen), so that the pause reported is the freeze's.
+// the heap until the next one. (A pause no checkpoint follows, such as
+// `ctr task pause`, leaves the copy unused for preparedTTL; a pause is only
+// ever late by a copy once per consolidateAfter patches.) The snapshot
+// records how long the freeze lasted (api.SnapshotSource.Paused), so that
+// the pause reported is the freeze's, not the copy's.
 func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	defer s.trim.begin()() // a checkpoint follows: no tight memory limit now
+	if st, err := s.stateOf(ctx, r.ID); err == nil {
+		if ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil && ts.Status == tasktypes.Status_RUNNING {
+			s.prepareConsolidation(ctx, st)
+		}
+	}
+	return s.pause(ctx, r)
+}
+
+// pause freezes a task (Pause without the consolidation, for the shim's own
+// pauses).
+func (s *Service) pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	s.mu.Lock()
 	delete(s.thawed, r.ID)
+	delete(s.frozenAt, r.ID)
 	s.mu.Unlock()
-	if st, err := s.stateOf(ctx, r.ID); err == nil {
-		s.prepareConsolidation(ctx, st)
-	}
+	freezing := time.Now() // monotonic: the pause is measured on this clock
 	sup := s.supervisorOf(r.ID)
 	held, err := sup.hold()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	freezing := time.Now().UTC()
 	resp, err := s.TTRPCTaskService.Pause(ctx, r)
 	if err == nil {
 		s.mu.Lock()
@@ -59,6 +72,7 @@ func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	s.mu.Lock()
 	done := s.thawed[r.ID]
 	delete(s.thawed, r.ID)
+	delete(s.frozenAt, r.ID)
 	s.mu.Unlock()
 	if done {
 		return &ptypes.Empty{}, nil
@@ -80,7 +94,7 @@ func (s *Service) thawBeforeRewrite(ctx context.Context, id string) time.Time {
 		log.G(ctx).WithError(err).WithField("id", id).Warn("lazyfork: thaw before rewrite")
 		return time.Time{}
 	}
-	thawedAt := time.Now().UTC()
+	thawedAt := time.Now() // monotonic, as Pause's
 	s.mu.Lock()
 	s.thawed[id] = true
 	s.mu.Unlock()

@@ -265,6 +265,14 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehel
 		killed.Store(true)
 		_ = cmd.Process.Kill()
 	})
+	// Nor does it outlive its caller (a Pause whose client gave up): a
+	// move it leaves half done is undone as a killed helper's is.
+	var cancelled atomic.Bool
+	stopCancel := context.AfterFunc(ctx, func() {
+		cancelled.Store(true)
+		_ = cmd.Process.Kill()
+	})
+	defer stopCancel()
 	// The request goes first, so that the helper starts, seizes and plans
 	// while the shim moves it into the container's memory cgroup. It copies
 	// only once its stdin closes, so what it writes is charged there, and it
@@ -285,6 +293,9 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehel
 	timer.Stop()
 	if killed.Load() {
 		return nil, fmt.Errorf("rehome helper did not finish within %s (LAZYFORK_RESTORE_TIMEOUT) and was killed: %w", s.cfg.RestoreTimeout, context.DeadlineExceeded)
+	}
+	if cancelled.Load() {
+		return nil, fmt.Errorf("rehome helper killed: its caller gave up: %w", ctx.Err())
 	}
 	if werr != nil || err != nil || code != 0 {
 		return nil, fmt.Errorf("rehome helper: exit %d: %v %v: %s", code, werr, err, strings.TrimSpace(stderr.String()))
@@ -385,6 +396,9 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration, "helper_run": res.HelperRun,
 		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "consolidation": res.Helper.Hop, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary,
 		"consolidated": res.Helper.Hopped, "consolidated_bytes": res.Helper.HopBytes})
+	if res.Helper.FilterErr != "" {
+		l = l.WithField("guard_filters_unread", res.Helper.FilterErr)
+	}
 	if res.Helper.HopErr != "" {
 		l = l.WithField("consolidation_refused", res.Helper.HopErr)
 	}

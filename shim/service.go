@@ -55,7 +55,7 @@ type Service struct {
 	mu         sync.Mutex
 	containers map[string]*container // by container id, guarded by mu
 	thawed     map[string]bool       // tasks thawed by a checkpoint, whose next Resume is done; guarded by mu
-	frozenAt   map[string]time.Time  // when this shim's last Pause of each task began freezing it; guarded by mu
+	frozenAt   map[string]time.Time  // when this shim's Pause of each paused task began freezing it (monotonic); guarded by mu
 	oomWatcher oom.Watcher           // for restored tasks, guarded by mu
 
 	trim heapTrimmer
@@ -647,7 +647,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	sup := s.supervisorOf(r.ID)
 	pausedHere := false
 	if !frozen && sup.isAttached() {
-		if _, err := s.Pause(ctx, &taskAPI.PauseRequest{ID: r.ID}); err != nil {
+		if _, err := s.pause(ctx, &taskAPI.PauseRequest{ID: r.ID}); err != nil {
 			return nil, fmt.Errorf("checkpoint of %s: pause the supervised task for its dump: %w", r.ID, err)
 		}
 		pausedHere = true
@@ -705,9 +705,12 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(err)
 	}
 	src := &api.SnapshotSource{Namespace: st.Namespace, Container: st.ID, Family: st.Family,
-		PodNamespace: st.PodNamespace, Forkable: st.Forkable, Taken: time.Now().UTC(), Thawed: thawed}
-	if frozen {
-		src.Frozen = frozenAt
+		PodNamespace: st.PodNamespace, Forkable: st.Forkable, Taken: time.Now().UTC()}
+	if !thawed.IsZero() {
+		src.Thawed = thawed.UTC()
+		if frozen && !frozenAt.IsZero() {
+			src.Paused = thawed.Sub(frozenAt) // both monotonic
+		}
 	}
 	// The source record and the guard go into the staged image, so the
 	// snapshot appears with them or not at all; only restored copies carry

@@ -380,11 +380,11 @@ type Snapshot struct {
 	// (api.SnapshotSource), empty if it has no source record.
 	SourceNamespace string `protobuf:"bytes,7,opt,name=source_namespace,json=sourceNamespace,proto3" json:"source_namespace,omitempty"`
 	SourceContainer string `protobuf:"bytes,8,opt,name=source_container,json=sourceContainer,proto3" json:"source_container,omitempty"`
-	// frozen_unix_nano: when the shim froze the parent for this snapshot
-	// (api.SnapshotSource.Frozen), 0 if it did not.
-	FrozenUnixNano int64 `protobuf:"varint,9,opt,name=frozen_unix_nano,json=frozenUnixNano,proto3" json:"frozen_unix_nano,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// paused_nanos: how long the shim kept the parent frozen for this
+	// snapshot (api.SnapshotSource.Paused), 0 if unknown.
+	PausedNanos   int64 `protobuf:"varint,9,opt,name=paused_nanos,json=pausedNanos,proto3" json:"paused_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -473,9 +473,9 @@ func (x *Snapshot) GetSourceContainer() string {
 	return ""
 }
 
-func (x *Snapshot) GetFrozenUnixNano() int64 {
+func (x *Snapshot) GetPausedNanos() int64 {
 	if x != nil {
-		return x.FrozenUnixNano
+		return x.PausedNanos
 	}
 	return 0
 }
@@ -2159,7 +2159,7 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\fsnapshot_dir\x18\x01 \x01(\tR\vsnapshotDir\x12+\n" +
 	"\x06rootfs\x18\x02 \x01(\v2\x13.lazyfork.v1.RootfsR\x06rootfs\"1\n" +
 	"\x12GetSnapshotRequest\x12\x1b\n" +
-	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\xc2\x02\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\xbb\x02\n" +
 	"\bSnapshot\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x16\n" +
 	"\x06family\x18\x02 \x01(\tR\x06family\x12\x14\n" +
@@ -2168,8 +2168,8 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\x06rootfs\x18\x05 \x01(\v2\x13.lazyfork.v1.RootfsR\x06rootfs\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\x12)\n" +
 	"\x10source_namespace\x18\a \x01(\tR\x0fsourceNamespace\x12)\n" +
-	"\x10source_container\x18\b \x01(\tR\x0fsourceContainer\x12(\n" +
-	"\x10frozen_unix_nano\x18\t \x01(\x03R\x0efrozenUnixNano\"\x84\x01\n" +
+	"\x10source_container\x18\b \x01(\tR\x0fsourceContainer\x12!\n" +
+	"\fpaused_nanos\x18\t \x01(\x03R\vpausedNanos\"\x84\x01\n" +
 	"\vSnapshotDir\x12\x10\n" +
 	"\x03dir\x18\x01 \x01(\tR\x03dir\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12&\n" +
