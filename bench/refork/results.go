@@ -168,7 +168,7 @@ func (r *results) summaryTable() *report.Table {
 			t.Add(hm, mode, "tmpfs added MB", mb(c1.tmpfsAdded), mb(report.Median(ta)), mb(report.Max(ta)),
 				fmt.Sprintf("2-N <= 2x written (heap writes %s)", mb(2*wr)))
 			tp := later(cs, func(c call) int64 { return c.tmpfsPeak })
-			t.Add(hm, mode, "tmpfs peak in call MB", mb(c1.tmpfsPeak), mb(report.Median(tp)), mb(report.Max(tp)), "(held during the call)")
+			t.Add(hm, mode, "tmpfs peak in call MB", mb(c1.tmpfsPeak), mb(report.Median(tp)), mb(report.Max(tp)), "(the tmpfs's used bytes sampled every 2 ms: held during the call)")
 			if mode != modeOff {
 				dt := later(cs, func(c call) int64 { return c.dirtied })
 				t.Add(hm, mode, "dirtied MB", "", mb(report.Median(dt)), mb(report.Max(dt)), "private pages gained since the last move (RssAnon)")
