@@ -90,6 +90,7 @@ type Reply struct {
 	// guards (Guard); Hop is a consolidation's whole step (its check, its
 	// copying and mapping, also in Move, and its guard, also in Guard).
 	Seize, Plan, Move, Hop, Guard time.Duration
+	HopCheck                      time.Duration // of Hop, the regions' check (StillPrepared)
 	// FilterErr: the processes' seccomp filters could not be read, so each
 	// move guarded everything it moved with a filter of its own.
 	FilterErr  string `json:"filterErr,omitempty"`
@@ -201,7 +202,10 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 				// preparation (or locked, registered, sealed meanwhile)
 				// stays as it is; the others go ahead.
 				n := len(regions)
-				if regions, err = rehome.StillPrepared(pid, regions); err != nil {
+				t3 := time.Now()
+				regions, err = rehome.StillPrepared(pid, regions)
+				reply.HopCheck += time.Since(t3)
+				if err != nil {
 					reply.HopErr = fmt.Sprintf("process %d: %v", pid, err)
 					regions = nil
 				} else if len(regions) < n {
