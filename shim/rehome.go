@@ -531,6 +531,17 @@ func (h *preparedHop) finish(ctx context.Context, store *memfile.Store, st *cont
 	h.pf.Abort()
 }
 
+// consolidationDue reports whether a container's moves made enough patches
+// since the last consolidation for the next to be prepared.
+func consolidationDue(st *containerState) bool {
+	consolidation.Lock()
+	defer consolidation.Unlock()
+	return moveNotes[st.Namespace+"/"+st.ID].due()
+}
+
+// due: moved since the last preparation, with enough patches (nil: never).
+func (n *moveNote) due() bool { return n != nil && n.moved && n.patches >= consolidateAfter }
+
 // prepareConsolidation prepares a consolidation for a container whose moves
 // fragment it fast enough (see above). It runs in Pause, before the freeze; failures only
 // cost the consolidation.
@@ -538,7 +549,7 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 	key := st.Namespace + "/" + st.ID
 	consolidation.Lock()
 	n := moveNotes[key] // the container's, unless dropped (Delete) meanwhile
-	ready := n != nil && n.moved && n.patches >= consolidateAfter
+	ready := n.due()
 	pid := 0
 	if n != nil {
 		n.moved = false

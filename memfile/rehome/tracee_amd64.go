@@ -938,21 +938,19 @@ func (t *Tracee) Filters(pid int) (chains [][][]byte, err error) {
 		if err != nil {
 			return err
 		}
+		// A filter has at most BPF_MAXINSNS instructions: one call each.
+		buf := make([]byte, 8*unix.BPF_MAXINSNS)
 		for _, tid := range p.tids {
 			var chain [][]byte
 			for i := 0; ; i++ {
-				n, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(tid), uintptr(i), 0, 0, 0)
+				n, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(tid), uintptr(i), uintptr(unsafe.Pointer(&buf[0])), 0, 0)
 				if e == unix.ENOENT || e == unix.EINVAL && i == 0 {
 					break // past the newest filter, or not in filter mode
 				}
-				if e != 0 || n == 0 {
+				if e != 0 || n == 0 || n > unix.BPF_MAXINSNS {
 					return fmt.Errorf("rehome: process %d thread %d: PTRACE_SECCOMP_GET_FILTER %d: %d instructions, %w", pid, tid, i, n, e)
 				}
-				buf := make([]byte, 8*n)
-				if _, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSeccompGetFilter, uintptr(tid), uintptr(i), uintptr(unsafe.Pointer(&buf[0])), 0, 0); e != 0 {
-					return fmt.Errorf("rehome: process %d thread %d: PTRACE_SECCOMP_GET_FILTER %d: %w", pid, tid, i, e)
-				}
-				chain = append(chain, buf)
+				chain = append(chain, bytes.Clone(buf[:8*n]))
 			}
 			chains = append(chains, chain)
 		}

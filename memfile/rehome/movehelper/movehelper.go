@@ -202,9 +202,8 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 				// preparation (or locked, registered, sealed meanwhile)
 				// stays as it is; the others go ahead.
 				n := len(regions)
-				t3 := time.Now()
 				regions, err = rehome.StillPrepared(pid, regions)
-				reply.HopCheck += time.Since(t3)
+				reply.HopCheck += time.Since(t1)
 				if err != nil {
 					reply.HopErr = fmt.Sprintf("process %d: %v", pid, err)
 					regions = nil
