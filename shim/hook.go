@@ -27,12 +27,22 @@ import (
 //	kerndat           (for the shim, in a new mount namespace) write CRIU's
 //	                  kernel-feature cache on stdout (see ensureKerndatCache)
 //
+//	hwbreak           (for the shim) probe whether the host's hardware
+//	                  breakpoints trap: "ok" or "broken" on stdout
+//
 //	rehome            (for the shim) move a frozen container onto a memory
 //	                  file: a JSON request on stdin, the reply on stdout
 func RunHook(args []string) int {
 	if len(args) == 1 && args[0] == kerndatHelperArg {
 		if err := runKerndatHelper(); err != nil {
 			fmt.Fprintf(os.Stderr, "lazyfork kerndat: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	if len(args) == 1 && args[0] == hwbreakHelperArg {
+		if err := runHwbreakHelper(); err != nil {
+			fmt.Fprintf(os.Stderr, "lazyfork hwbreak: %v\n", err)
 			return 1
 		}
 		return 0

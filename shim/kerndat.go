@@ -13,11 +13,13 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/internal/criuproxy"
+	"github.com/lazyfork/lazyfork/internal/hwbreak"
 )
 
 // CRIU keeps what it learns about the kernel (its "kerndat": page-map and
@@ -78,6 +80,13 @@ func (k *kerndat) ensure(ctx context.Context, self string, wait bool) {
 		k.done = make(chan struct{})
 		go func() {
 			defer close(k.done)
+			// First: every dump and restore hangs without it where the
+			// host's breakpoints do not trap.
+			if set, err := setCRIUBreakpoints(self); err != nil {
+				log.G(ctx).WithError(err).Warn("lazyfork: hardware breakpoint probe failed: CRIU uses them")
+			} else if set {
+				log.G(ctx).Info("lazyfork: hardware breakpoints do not trap on this host (a hypervisor without debug-register virtualization): CRIU runs with CRIU_FAULT=130 (no breakpoints)")
+			}
 			kdat := os.Getenv("LAZYFORK_CRIU_KDAT") != "off"
 			proxy := os.Getenv(criuProxyEnv) != "off"
 			if !kdat && !proxy {
@@ -292,6 +301,61 @@ func makeKerndat(self string) ([]byte, error) {
 		return nil, fmt.Errorf("make CRIU's kernel-feature cache: criu wrote none (%d bytes): %s", len(b), bytes.TrimSpace(stderr.Bytes()))
 	}
 	return b, nil
+}
+
+// hwbreakHelperArg is RunHook's subcommand that probes the host's hardware
+// breakpoints (hwbreak.Probe) and prints "ok" or "broken". A helper process:
+// the shim's reaper, which waits for any child, would take the probe's.
+const hwbreakHelperArg = "hwbreak"
+
+// hwbreakCacheName holds the helper's answer in the CRIU cache directory
+// (criuCacheDir, emptied by a reboot): a shim probes once per boot.
+const hwbreakCacheName = "hwbreak"
+
+// setCRIUBreakpoints sets CRIU_FAULT=130 (hwbreak) for every CRIU run of this
+// shim when the host's breakpoints do not trap, unless CRIU_FAULT is set
+// already; it reports whether it set it.
+func setCRIUBreakpoints(self string) (bool, error) {
+	if os.Getenv(hwbreak.CRIUFault) != "" {
+		return false, nil
+	}
+	dir, err := criuCacheDir()
+	if err != nil {
+		return false, err
+	}
+	cache := filepath.Join(dir, hwbreakCacheName)
+	answer, err := os.ReadFile(cache)
+	if err != nil || (string(answer) != "ok\n" && string(answer) != "broken\n") {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, self, HookArg, hwbreakHelperArg)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if answer, err = cmd.Output(); err != nil {
+			return false, fmt.Errorf("%w: %s", err, bytes.TrimSpace(stderr.Bytes()))
+		}
+		if err := writeFileAtomic(cache, answer, 0o600); err != nil {
+			return false, err
+		}
+	}
+	if string(answer) != "broken\n" {
+		return false, nil
+	}
+	return true, os.Setenv(hwbreak.CRIUFault, hwbreak.NoBreakpoints)
+}
+
+// runHwbreakHelper is the helper: the probe's answer on stdout.
+func runHwbreakHelper() error {
+	ok, err := hwbreak.Probe()
+	if err != nil {
+		return err
+	}
+	answer := "ok\n"
+	if !ok {
+		answer = "broken\n"
+	}
+	_, err = os.Stdout.WriteString(answer)
+	return err
 }
 
 // runKerndatHelper is the helper (in its own mount namespace): a fresh tmpfs

@@ -11,13 +11,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/internal/hwbreak"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 )
 
 // TestMain lets the test binary stand in for the shim binary as the
 // kerndat helper (RunHook), as the shim re-executes itself.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 2 && os.Args[1] == HookArg && os.Args[2] == kerndatHelperArg {
+	if len(os.Args) > 2 && os.Args[1] == HookArg && (os.Args[2] == kerndatHelperArg || os.Args[2] == hwbreakHelperArg) {
 		os.Exit(RunHook(os.Args[2:]))
 	}
 	os.Exit(m.Run())
@@ -319,5 +320,50 @@ func TestKerndatDirSquatted(t *testing.T) {
 			}
 			os.Rename(filepath.Join(filepath.Dir(kerndatDir), "lazyfork-criu-x"), theirs)
 		})
+	}
+}
+
+// The shim learns from its helper (never in its own process, whose reaper
+// would take the probe's wait) whether the host's breakpoints trap, keeps the
+// answer for the boot, and runs CRIU with CRIU_FAULT=130 where they do not;
+// a CRIU_FAULT of the environment's own stays.
+func TestSetCRIUBreakpoints(t *testing.T) {
+	testutil.RequiresRoot(t)
+	ok, err := hwbreak.Probe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shm, err := os.MkdirTemp("/dev/shm", "lazyfork-hwbreak-test-") // a tmpfs, as the cache needs
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shm) })
+	old := kerndatDir
+	kerndatDir = filepath.Join(shm, "lazyfork-criu")
+	t.Cleanup(func() { kerndatDir = old })
+	t.Setenv(hwbreak.CRIUFault, "")
+	os.Unsetenv(hwbreak.CRIUFault)
+	set, err := setCRIUBreakpoints(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set != !ok || (os.Getenv(hwbreak.CRIUFault) == hwbreak.NoBreakpoints) != !ok {
+		t.Errorf("breakpoints work: %v; the shim set CRIU_FAULT: %v (%q)", ok, set, os.Getenv(hwbreak.CRIUFault))
+	}
+	cached, err := os.ReadFile(filepath.Join(kerndatDir, hwbreakCacheName))
+	if want := map[bool]string{true: "ok\n", false: "broken\n"}[ok]; err != nil || string(cached) != want {
+		t.Errorf("cached answer %q (%v), want %q", cached, err, want)
+	}
+	// The answer is read back, not probed again.
+	os.Unsetenv(hwbreak.CRIUFault)
+	if err := os.WriteFile(filepath.Join(kerndatDir, hwbreakCacheName), []byte("broken\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if set, err := setCRIUBreakpoints("/nonexistent"); err != nil || !set || os.Getenv(hwbreak.CRIUFault) != hwbreak.NoBreakpoints {
+		t.Errorf("from a cached \"broken\": set %v, %v, CRIU_FAULT=%q", set, err, os.Getenv(hwbreak.CRIUFault))
+	}
+	os.Setenv(hwbreak.CRIUFault, "1")
+	if set, _ := setCRIUBreakpoints("/nonexistent"); set || os.Getenv(hwbreak.CRIUFault) != "1" {
+		t.Errorf("the environment's CRIU_FAULT=1 was replaced")
 	}
 }

@@ -67,6 +67,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/internal/criurun"
 	"github.com/lazyfork/lazyfork/internal/criurun/memloop"
+	"github.com/lazyfork/lazyfork/internal/hwbreak"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
@@ -123,6 +124,11 @@ func main() {
 func mainErr(c config) (int, error) {
 	if os.Geteuid() != 0 {
 		return 0, errors.New("needs root (CRIU)")
+	}
+	// zdtm's CRIU runs inherit it: where the host's breakpoints do not trap,
+	// every dump would hang (hwbreak).
+	if set, err := hwbreak.SetCRIUEnv(); set || err != nil {
+		fmt.Fprintf(os.Stderr, "zdtm: hardware breakpoints do not trap on this host: CRIU runs with CRIU_FAULT=130 (%v)\n", err)
 	}
 	tests, err := readList(c.list, c.run)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/spf13/pflag"
 
+	"github.com/lazyfork/lazyfork/internal/hwbreak"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
@@ -155,6 +156,9 @@ func (a *app) setup(o setupOpts) error {
 		return nil
 	}
 	env := append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "LAZYFORK_ROOT="+a.g.root)
+	// Every runtime's CRIU (runc.v2's too) hangs where the host's
+	// breakpoints do not trap; the LazyFork shim checks for itself.
+	env = hwbreak.CRIUEnv(env)
 	if private {
 		// Nothing of runc's state or of the containers' cgroups is shared
 		// with another stack (shim/config.go).

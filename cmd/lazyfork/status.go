@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/internal/hwbreak"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
 )
 
@@ -77,6 +78,9 @@ func init() {
 			s.CRIU = "not found"
 			if out, err := exec.Command("criu", "--version").Output(); err == nil {
 				s.CRIU = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+				if ok, err := hwbreak.Work(); err == nil && !ok {
+					s.CRIU += " (hardware breakpoints do not trap on this host: LazyFork runs CRIU with CRIU_FAULT=130)"
+				}
 			}
 			rows, err := a.rows()
 			if err != nil {

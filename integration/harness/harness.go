@@ -17,6 +17,8 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+
+	"github.com/lazyfork/lazyfork/internal/hwbreak"
 )
 
 // Options configure a private containerd. The zero value runs plain runc without CRI.
@@ -218,6 +220,9 @@ func (c *Containerd) daemonEnv() []string {
 		}
 	}
 	env = append(env, "PATH="+strings.Join(dirs, ":"))
+	// runc.v2's CRIU runs too (the side-by-side tests and benchmarks): on a
+	// host whose breakpoints do not trap, CRIU would hang (hwbreak).
+	env = hwbreak.CRIUEnv(env)
 	for _, r := range c.opts.Runtimes {
 		if r.NoOptions {
 			// No [options] to name the private runc root: the LazyFork shim

@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/lazyfork/lazyfork/criuimg"
+	"github.com/lazyfork/lazyfork/internal/hwbreak"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 )
 
@@ -274,6 +275,7 @@ func runCriu(ctx context.Context, bin string, args []string, logPath string, ext
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.ExtraFiles = extra
+	cmd.Env = hwbreak.CRIUEnv(os.Environ())
 	err := cmd.Run()
 	if err == nil {
 		return nil

@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/lazyfork/lazyfork/internal/hwbreak"
 )
 
 // InCI reports whether the tests run under CI, where nothing may be skipped.
@@ -59,6 +61,11 @@ func RequiresCRIU(t testing.TB) string {
 	out, err := exec.Command(p, "--version").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "Version: 4.") {
 		missing(t, "criu at %s is not CRIU 4.x (%v): %s", p, err, out)
+	}
+	// Every CRIU the test starts, directly or through go-criu, would hang
+	// where the host's breakpoints do not trap (hwbreak).
+	if _, err := hwbreak.SetCRIUEnv(); err != nil {
+		t.Logf("hardware breakpoint probe: %v", err)
 	}
 	return p
 }
