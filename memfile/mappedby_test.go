@@ -41,3 +41,31 @@ func TestMappedBy(t *testing.T) {
 		t.Error("a file that cannot be stat'ed does not count as mapped")
 	}
 }
+
+// UnmappedData counts a file's allocated pages that no process maps: not
+// holes, not what a mapping covers.
+func TestUnmappedData(t *testing.T) {
+	const page = 4096
+	path := filepath.Join(t.TempDir(), "mem")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, i := range []int64{0, 1, 2, 4} { // page 3 a hole
+		if _, err := f.WriteAt(make([]byte, page), i*page); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := memfile.UnmappedData([]string{path}); err != nil || n != 4*page {
+		t.Fatalf("nothing mapped: %d bytes, %v; want %d", n, err, 4*page)
+	}
+	m, err := unix.Mmap(int(f.Fd()), page, 3*page, unix.PROT_READ, unix.MAP_PRIVATE) // pages 1-3
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	if n, err := memfile.UnmappedData([]string{path}); err != nil || n != 2*page {
+		t.Fatalf("pages 1-3 mapped: %d bytes unmapped, %v; want %d (pages 0 and 4)", n, err, 2*page)
+	}
+}

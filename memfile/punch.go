@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/fileextent"
 )
 
 // FileRange is a byte range of a memory file.
@@ -89,6 +91,46 @@ func (s *Store) PunchUnused(family string, own func(holder string) bool, ranges 
 		}
 	}
 	return freed, nil
+}
+
+// UnmappedData returns the bytes of data (allocated pages) of the files at
+// paths that no process on the host maps: what a family's files hold that
+// only a snapshot image can still read, or nothing at all (the pages a move
+// replaced, once freed, are not counted).
+func UnmappedData(paths []string) (int64, error) {
+	cands := map[fileKey]string{}
+	data := map[fileKey][][2]uint64{}
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			return 0, err
+		}
+		var st unix.Stat_t
+		err = unix.Fstat(int(f.Fd()), &st)
+		var ext []fileextent.Extent
+		if err == nil {
+			ext, err = fileextent.Data(f)
+		}
+		f.Close()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", p, err)
+		}
+		k := fileKey{dev: st.Dev, ino: st.Ino}
+		cands[k] = p
+		for _, e := range ext {
+			data[k] = append(data[k], [2]uint64{uint64(e.Start), uint64(e.End)})
+		}
+	}
+	eachMapping(cands, func(k fileKey, off, n uint64) {
+		data[k] = subtract(data[k], off, off+n)
+	})
+	var n int64
+	for _, rs := range data {
+		for _, r := range rs {
+			n += int64(r[1] - r[0])
+		}
+	}
+	return n, nil
 }
 
 // subtract removes [lo, hi) from the ranges rs.
