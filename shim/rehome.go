@@ -399,6 +399,10 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	if res.Helper.FilterErr != "" {
 		l = l.WithField("guard_filters_unread", res.Helper.FilterErr)
 	}
+	if res.Helper.Unguardable > 0 {
+		// Correct, not free: that memory stays anonymous, a copy per fork.
+		l = l.WithField("unguardable_vmas_left_anonymous", res.Helper.Unguardable)
+	}
 	if res.Helper.HopErr != "" {
 		l = l.WithField("consolidation_refused", res.Helper.HopErr)
 	}

@@ -397,6 +397,54 @@ func isGuard(b []byte) bool {
 	return m == magic || m == magicV1
 }
 
+// maxChainInsns is the kernel's bound on the instructions of a thread's
+// seccomp filters together, each counting 4 more (MAX_INSNS_PER_PATH).
+const maxChainInsns = 32768
+
+// Fits reports whether every thread of chains (as Uncovered reads them) can
+// take prog as one more filter: past the bound the kernel refuses it
+// (ENOMEM), so memory that only a new guard would cover is better left where
+// it is than moved without one.
+func Fits(chains [][][]byte, prog []unix.SockFilter) bool {
+	add := 0
+	for _, ins := range prog {
+		add += ebpfLen(ins.Code, ins.Jt, ins.Jf)
+	}
+	add += ebpfPrologue
+	for _, filters := range chains {
+		n := add
+		for _, f := range filters {
+			n += ebpfPrologue + 4
+			for i := 0; i+8 <= len(f); i += 8 {
+				n += ebpfLen(binary.LittleEndian.Uint16(f[i:]), f[i+2], f[i+3])
+			}
+		}
+		if n > maxChainInsns {
+			return false
+		}
+	}
+	return true
+}
+
+// The kernel counts a filter by its length once converted to eBPF (what
+// runs), not by the classic instructions it was given: a prologue (A and X
+// cleared, the context kept), two for a return (a move and an exit) and
+// for a conditional jump with both branches taken somewhere, one for the
+// rest. (Seccomp's loads of the context stay one.)
+const ebpfPrologue = 3
+
+func ebpfLen(code uint16, jt, jf uint8) int {
+	switch code & 0x07 {
+	case unix.BPF_RET:
+		return 2
+	case unix.BPF_JMP:
+		if code&0xf0 != unix.BPF_JA && jt != 0 && jf != 0 {
+			return 2
+		}
+	}
+	return 1
+}
+
 // Uncovered returns the ranges of rs that the guards of the given mode do
 // not already cover on every thread: chains holds each thread's seccomp
 // filters as the kernel stores them (8-byte instructions, as

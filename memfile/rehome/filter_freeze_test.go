@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
-	"golang.org/x/sys/unix"
 )
 
 func TestInstallFilterGuardsMadvise(t *testing.T) {
@@ -304,4 +305,52 @@ func TestRemapUnderSeccompFilter(t *testing.T) {
 		t.Fatalf("converted %d of %d VMAs", len(done), len(vmas))
 	}
 	waitTicks(t, p, ticks, t1, t2)
+}
+
+// Fits agrees with the kernel: guards installed while it says they fit are
+// taken, and the first it says does not fit is refused.
+func TestFitsMatchesKernel(t *testing.T) {
+	p := startProg(t, 1)
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Detach()
+	// Large guards (64 ranges, about 1000 instructions) reach the bound in
+	// a few dozen installs; small ones (one range) then fill what is left,
+	// pinning the count within a small guard's size.
+	guard := func(n int) []unix.SockFilter {
+		var ranges []madvguard.Range
+		for i := uint64(0); i < uint64(n); i++ {
+			start := 0x100000000 + i*0x200000
+			ranges = append(ranges, madvguard.Range{Start: start, End: start + pageSize})
+		}
+		prog, err := madvguard.Program(ranges, madvguard.Refuse)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return prog
+	}
+	installed := 0
+	for _, prog := range [][]unix.SockFilter{guard(64), guard(1)} {
+		for {
+			chains, err := tr.Filters(p.pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fits := madvguard.Fits(chains, prog)
+			err = tr.InstallFilter(p.pid, prog)
+			if fits != (err == nil) {
+				t.Fatalf("after %d guards, one of %d instructions: Fits says %v, the kernel: %v", installed, len(prog), fits, err)
+			}
+			if !fits {
+				t.Logf("%d guards installed when one of %d instructions no longer fit", installed, len(prog))
+				break
+			}
+			if installed++; installed > 1000 {
+				t.Fatal("more than 1000 guards fit")
+			}
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -93,9 +94,13 @@ type Reply struct {
 	HopCheck                      time.Duration // of Hop, the regions' check (StillPrepared)
 	// FilterErr: the processes' seccomp filters could not be read, so each
 	// move guarded everything it moved with a filter of its own.
-	FilterErr  string `json:"filterErr,omitempty"`
-	NoNewPrivs []int  `json:"noNewPrivs,omitempty"`
-	Err        string `json:"err,omitempty"`
+	FilterErr string `json:"filterErr,omitempty"`
+	// Unguardable counts the VMAs left as they were (anonymous) because
+	// the guard that would cover them no longer fits the processes'
+	// seccomp filters (the kernel's bound): moved, they would be unguarded.
+	Unguardable int    `json:"unguardable,omitempty"`
+	NoNewPrivs  []int  `json:"noNewPrivs,omitempty"`
+	Err         string `json:"err,omitempty"`
 }
 
 // Run is the helper's side: read a Request from stdin, seize the frozen
@@ -247,6 +252,10 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			errs = append(errs, err)
 			return reply
 		}
+		if n := len(vmas); req.Guard && n > 0 {
+			vmas = guardable(tr, pid, madvguard.Mode(req.Mode), vmas)
+			reply.Unguardable += n - len(vmas)
+		}
 		// One file for the tree: each process's VMAs in slots of their own.
 		for i := range vmas {
 			vmas[i].Slot += slot
@@ -287,6 +296,34 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		}
 	}
 	return reply
+}
+
+// guardable returns the VMAs of vmas that a move may take: all of them, unless
+// the guard their move needs (for what no guard covers yet: new memory; a
+// heap that grows between moves adds one filter a move) would pass the
+// kernel's bound on process pid's filters. Then what only that guard would
+// cover stays where it is, anonymous, which is always correct; patches of
+// guarded mappings still move. Filters it cannot read: all of them (guard
+// reports why).
+func guardable(tr *rehome.Tracee, pid int, mode madvguard.Mode, vmas []rehome.VMA) []rehome.VMA {
+	chains, err := tr.Filters(pid)
+	if err != nil {
+		return vmas
+	}
+	ranges := make([]madvguard.Range, len(vmas))
+	for i, v := range vmas {
+		ranges[i] = madvguard.Range{Start: v.Start, End: v.End}
+	}
+	unc := madvguard.Uncovered(chains, mode, ranges)
+	if len(unc) == 0 {
+		return vmas
+	}
+	if prog, err := madvguard.Program(unc, mode); err == nil && madvguard.Fits(chains, prog) {
+		return vmas
+	}
+	return slices.DeleteFunc(vmas, func(v rehome.VMA) bool {
+		return slices.ContainsFunc(unc, func(r madvguard.Range) bool { return r.Start < v.End && v.Start < r.End })
+	})
 }
 
 // MinRegionPieces is the fewest mappings a region needs to be consolidated.
