@@ -83,7 +83,7 @@ func (k *kerndat) ensure(ctx context.Context, self string, wait bool) {
 			// First: every dump and restore hangs without it where the
 			// host's breakpoints do not trap.
 			if set, err := setCRIUBreakpoints(self); err != nil {
-				log.G(ctx).WithError(err).Warn("lazyfork: hardware breakpoint probe failed: CRIU uses them")
+				log.G(ctx).WithError(err).WithField("criu_fault_set", set).Warn("lazyfork: hardware breakpoint probe")
 			} else if set {
 				log.G(ctx).Info("lazyfork: hardware breakpoints do not trap on this host (a hypervisor without debug-register virtualization): CRIU runs with CRIU_FAULT=130 (no breakpoints)")
 			}
@@ -313,35 +313,49 @@ const hwbreakHelperArg = "hwbreak"
 const hwbreakCacheName = "hwbreak"
 
 // setCRIUBreakpoints sets CRIU_FAULT=130 (hwbreak) for every CRIU run of this
-// shim when the host's breakpoints do not trap, unless CRIU_FAULT is set
-// already; it reports whether it set it.
+// shim when the host's breakpoints do not trap, or when its helper gives no
+// answer, unless CRIU_FAULT is set already; it reports whether it set it,
+// and err what went wrong on the way (the cache, the helper).
 func setCRIUBreakpoints(self string) (bool, error) {
 	if os.Getenv(hwbreak.CRIUFault) != "" {
 		return false, nil
 	}
+	valid := func(b []byte) bool { return string(b) == "ok\n" || string(b) == "broken\n" }
+	var answer []byte
+	cache := ""
 	dir, err := criuCacheDir()
-	if err != nil {
-		return false, err
+	if err == nil {
+		cache = filepath.Join(dir, hwbreakCacheName)
+		answer, _ = os.ReadFile(cache)
 	}
-	cache := filepath.Join(dir, hwbreakCacheName)
-	answer, err := os.ReadFile(cache)
-	if err != nil || (string(answer) != "ok\n" && string(answer) != "broken\n") {
+	if !valid(answer) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, self, HookArg, hwbreakHelperArg)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
-		if answer, err = cmd.Output(); err != nil {
-			return false, fmt.Errorf("%w: %s", err, bytes.TrimSpace(stderr.Bytes()))
-		}
-		if err := writeFileAtomic(cache, answer, 0o600); err != nil {
-			return false, err
+		// The shim's reaper may take the helper's exit: its answer counts.
+		out, runErr := cmd.Output()
+		switch {
+		case (runErr == nil || reapedElsewhere(runErr)) && valid(out):
+			answer = out
+			if cache != "" {
+				err = writeFileAtomic(cache, answer, 0o600)
+			}
+		default:
+			// No answer: CRIU without breakpoints (a few more ptrace
+			// stops) rather than a hang where they do not trap.
+			if runErr == nil {
+				runErr = fmt.Errorf("answer %q", out)
+			}
+			err = errors.Join(err, fmt.Errorf("%w: %s", runErr, bytes.TrimSpace(stderr.Bytes())))
+			answer = []byte("broken\n")
 		}
 	}
 	if string(answer) != "broken\n" {
-		return false, nil
+		return false, err
 	}
-	return true, os.Setenv(hwbreak.CRIUFault, hwbreak.NoBreakpoints)
+	return true, errors.Join(err, os.Setenv(hwbreak.CRIUFault, hwbreak.NoBreakpoints))
 }
 
 // runHwbreakHelper is the helper: the probe's answer on stdout.

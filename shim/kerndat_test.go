@@ -362,6 +362,12 @@ func TestSetCRIUBreakpoints(t *testing.T) {
 	if set, err := setCRIUBreakpoints("/nonexistent"); err != nil || !set || os.Getenv(hwbreak.CRIUFault) != hwbreak.NoBreakpoints {
 		t.Errorf("from a cached \"broken\": set %v, %v, CRIU_FAULT=%q", set, err, os.Getenv(hwbreak.CRIUFault))
 	}
+	// A helper that gives no answer: CRIU without breakpoints, said.
+	os.Unsetenv(hwbreak.CRIUFault)
+	os.Remove(filepath.Join(kerndatDir, hwbreakCacheName))
+	if set, err := setCRIUBreakpoints("/nonexistent"); err == nil || !set || os.Getenv(hwbreak.CRIUFault) != hwbreak.NoBreakpoints {
+		t.Errorf("no answer: set %v, %v, CRIU_FAULT=%q; want set, and the error", set, err, os.Getenv(hwbreak.CRIUFault))
+	}
 	os.Setenv(hwbreak.CRIUFault, "1")
 	if set, _ := setCRIUBreakpoints("/nonexistent"); set || os.Getenv(hwbreak.CRIUFault) != "1" {
 		t.Errorf("the environment's CRIU_FAULT=1 was replaced")

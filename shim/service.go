@@ -240,8 +240,10 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			return nil, fmt.Errorf("read LazyFork snapshot %s: %w", r.Checkpoint, err)
 		}
 	}
-	// CRIU's kernel probes, once per boot (a restore waits for the cache).
-	s.kerndat.ensure(ctx, s.self, snap != nil)
+	// CRIU's kernel probes, once per boot. Any restore waits (a plain CRIU
+	// image's too): on a host whose breakpoints do not trap, CRIU must not
+	// start before CRIU_FAULT is set.
+	s.kerndat.ensure(ctx, s.self, r.Checkpoint != "")
 	if snap != nil {
 		// Before anything of the parent reaches this container: its memory
 		// files, its writable layer.

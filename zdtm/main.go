@@ -127,8 +127,10 @@ func mainErr(c config) (int, error) {
 	}
 	// zdtm's CRIU runs inherit it: where the host's breakpoints do not trap,
 	// every dump would hang (hwbreak).
-	if set, err := hwbreak.SetCRIUEnv(); set || err != nil {
-		fmt.Fprintf(os.Stderr, "zdtm: hardware breakpoints do not trap on this host: CRIU runs with CRIU_FAULT=130 (%v)\n", err)
+	if set, err := hwbreak.SetCRIUEnv(); err != nil {
+		fmt.Fprintf(os.Stderr, "zdtm: hardware breakpoint probe: %v (CRIU_FAULT=130 set: %v)\n", err, set)
+	} else if set {
+		fmt.Fprintln(os.Stderr, "zdtm: hardware breakpoints do not trap on this host: CRIU runs with CRIU_FAULT=130")
 	}
 	tests, err := readList(c.list, c.run)
 	if err != nil {

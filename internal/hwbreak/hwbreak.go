@@ -1,6 +1,7 @@
 package hwbreak
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"sync"
@@ -18,10 +19,19 @@ var probed = sync.OnceValues(Probe)
 // Work is Probe, once per process.
 func Work() (bool, error) { return probed() }
 
+// trusted reports whether CRIU may use breakpoints: only where the probe saw
+// one trap. A probe that failed counts as "no": a few more ptrace stops
+// rather than a hang.
+func trusted() bool {
+	ok, err := Work()
+	return ok && err == nil
+}
+
 // CRIUEnv returns env (KEY=value pairs) with CRIU_FAULT=130 added when
-// breakpoints do not work here and env sets no CRIU_FAULT of its own.
+// breakpoints are not known to work here and env sets no CRIU_FAULT of its
+// own.
 func CRIUEnv(env []string) []string {
-	if ok, _ := Work(); ok {
+	if trusted() {
 		return env
 	}
 	for _, kv := range env {
@@ -33,12 +43,13 @@ func CRIUEnv(env []string) []string {
 }
 
 // SetCRIUEnv sets CRIU_FAULT=130 in this process's environment (for every
-// CRIU it starts, through runc or directly) when breakpoints do not work and
-// nothing set CRIU_FAULT already. It reports whether it set it.
+// CRIU it starts, through runc or directly) when breakpoints are not known
+// to work and nothing set CRIU_FAULT already. It reports whether it set it,
+// and why the probe failed if it did.
 func SetCRIUEnv() (bool, error) {
-	ok, err := Work()
-	if ok || os.Getenv(CRIUFault) != "" {
+	_, err := Work()
+	if trusted() || os.Getenv(CRIUFault) != "" {
 		return false, err
 	}
-	return true, os.Setenv(CRIUFault, NoBreakpoints)
+	return true, errors.Join(err, os.Setenv(CRIUFault, NoBreakpoints))
 }

@@ -20,8 +20,8 @@ const (
 )
 
 // Probe reports whether an execution breakpoint set through ptrace traps on
-// this host; err says why the probe itself failed (then breakpoints count as
-// working, CRIU's own default). It starts `true` traced, stopped at its first
+// this host; err says why the probe itself failed (CRIUEnv and SetCRIUEnv
+// then turn CRIU's breakpoints off all the same). It starts `true` traced, stopped at its first
 // instruction after exec, puts an execution breakpoint (DR0, enabled locally
 // in DR7) on that very instruction and lets it go: where breakpoints work the
 // task traps at once (SIGTRAP, before running anything); where they do not
@@ -48,7 +48,9 @@ func Probe() (bool, error) {
 		return true, fmt.Errorf("breakpoint probe: start %s: %w", prog, err)
 	}
 	// Polled, and bounded: a reaper elsewhere in this process taking the
-	// child's events must not hang the caller.
+	// child's events must not hang the caller. Once the child is reaped
+	// (here or elsewhere) its pid is never signalled again.
+	gone := false
 	wait := func() (unix.WaitStatus, error) {
 		deadline := time.Now().Add(2 * time.Second)
 		for {
@@ -58,8 +60,10 @@ func Probe() (bool, error) {
 			case err == unix.EINTR:
 				continue
 			case err != nil:
+				gone = gone || err == unix.ECHILD
 				return ws, err
 			case got == pid:
+				gone = ws.Exited() || ws.Signaled()
 				return ws, nil
 			case time.Now().After(deadline):
 				return ws, errors.New("no news of the child in 2 s (does this process reap every child?)")
@@ -68,9 +72,12 @@ func Probe() (bool, error) {
 		}
 	}
 	defer func() {
+		if gone {
+			return
+		}
 		unix.Kill(pid, unix.SIGKILL)
-		for {
-			if ws, err := wait(); err != nil || ws.Exited() || ws.Signaled() {
+		for !gone {
+			if _, err := wait(); err != nil {
 				return
 			}
 		}
