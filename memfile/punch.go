@@ -2,6 +2,7 @@ package memfile
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -102,6 +103,9 @@ func UnmappedData(paths []string) (int64, error) {
 	data := map[fileKey][][2]uint64{}
 	for _, p := range paths {
 		f, err := os.Open(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed meanwhile: nothing left to count
+		}
 		if err != nil {
 			return 0, err
 		}

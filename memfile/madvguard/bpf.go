@@ -406,17 +406,16 @@ const maxChainInsns = 32768
 // (ENOMEM), so memory that only a new guard would cover is better left where
 // it is than moved without one.
 func Fits(chains [][][]byte, prog []unix.SockFilter) bool {
-	add := 0
+	add := ebpfPrologue
 	for _, ins := range prog {
-		add += ebpfLen(ins.Code, ins.Jt, ins.Jf)
+		add += ebpfLen(ins.Code, ins.Jt, ins.Jf, ins.K)
 	}
-	add += ebpfPrologue
 	for _, filters := range chains {
 		n := add
 		for _, f := range filters {
 			n += ebpfPrologue + 4
 			for i := 0; i+8 <= len(f); i += 8 {
-				n += ebpfLen(binary.LittleEndian.Uint16(f[i:]), f[i+2], f[i+3])
+				n += ebpfLen(binary.LittleEndian.Uint16(f[i:]), f[i+2], f[i+3], binary.LittleEndian.Uint32(f[i+4:]))
 			}
 		}
 		if n > maxChainInsns {
@@ -427,20 +426,39 @@ func Fits(chains [][][]byte, prog []unix.SockFilter) bool {
 }
 
 // The kernel counts a filter by its length once converted to eBPF (what
-// runs), not by the classic instructions it was given: a prologue (A and X
-// cleared, the context kept), two for a return (a move and an exit) and
-// for a conditional jump with both branches taken somewhere, one for the
-// rest. (Seccomp's loads of the context stay one.)
+// runs: bpf_convert_filter), not by the classic instructions it was given:
+// a prologue (A and X cleared, the context kept) and, per instruction, one,
+// except a return of a constant (a move and an exit), a division or modulo
+// by X (checked for zero: five), and a conditional jump: one more for a
+// constant that is negative as an int32 (moved into a register first), and
+// one more unless its false branch is the next instruction or its true one
+// is and the test inverts (equal, greater, greater or equal).
 const ebpfPrologue = 3
 
-func ebpfLen(code uint16, jt, jf uint8) int {
+func ebpfLen(code uint16, jt, jf uint8, k uint32) int {
 	switch code & 0x07 {
 	case unix.BPF_RET:
-		return 2
-	case unix.BPF_JMP:
-		if code&0xf0 != unix.BPF_JA && jt != 0 && jf != 0 {
+		if code&0x18 == unix.BPF_K {
 			return 2
 		}
+	case unix.BPF_ALU:
+		if op := code & 0xf0; (op == unix.BPF_DIV || op == unix.BPF_MOD) && code&0x08 == unix.BPF_X {
+			return 5
+		}
+	case unix.BPF_JMP:
+		op := code & 0xf0
+		if op == unix.BPF_JA {
+			return 1
+		}
+		n := 1
+		if code&0x08 == unix.BPF_K && int32(k) < 0 {
+			n++
+		}
+		invertible := op == unix.BPF_JEQ || op == unix.BPF_JGT || op == unix.BPF_JGE
+		if jf != 0 && !(jt == 0 && invertible) {
+			n++
+		}
+		return n
 	}
 	return 1
 }

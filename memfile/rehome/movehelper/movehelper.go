@@ -95,9 +95,10 @@ type Reply struct {
 	// FilterErr: the processes' seccomp filters could not be read, so each
 	// move guarded everything it moved with a filter of its own.
 	FilterErr string `json:"filterErr,omitempty"`
-	// Unguardable counts the VMAs left as they were (anonymous) because
-	// the guard that would cover them no longer fits the processes'
-	// seccomp filters (the kernel's bound): moved, they would be unguarded.
+	// Unguardable counts the VMAs (and prepared regions) left as they were
+	// because the guard that would cover them no longer fits the
+	// processes' seccomp filters (the kernel's bound): moved, they would
+	// be unguarded.
 	Unguardable int    `json:"unguardable,omitempty"`
 	NoNewPrivs  []int  `json:"noNewPrivs,omitempty"`
 	Err         string `json:"err,omitempty"`
@@ -215,6 +216,12 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 				} else if len(regions) < n {
 					reply.HopErr = fmt.Sprintf("process %d: %d of %d prepared regions changed since their preparation", pid, n-len(regions), n)
 				}
+			}
+			if n := len(regions); req.Guard && n > 0 {
+				// Its file data where the old files had holes needs a
+				// guard (below) that must fit, as a move's.
+				regions = guardable(tr, pid, madvguard.Mode(req.Mode), regions)
+				reply.Unguardable += n - len(regions)
 			}
 			if len(regions) > 0 {
 				joined()
