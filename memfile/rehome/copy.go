@@ -124,14 +124,36 @@ func extend(pid int, vmas []VMA, f *os.File) error {
 }
 
 // zeroPFN returns the page frame of the kernel's shared zero page (what a
-// page only ever read maps), or 0 if pagemap hides frame numbers.
+// page only ever read maps), or 0 if pagemap hides frame numbers or the
+// kernel maps no shared page on a read fault (then no present page is
+// skipped).
 var zeroPFN = sync.OnceValue(func() uint64 {
-	m, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return 0
+	// Two read faults at once: the shared zero page is the same frame in
+	// both. A kernel that serves a read fault with a fresh page (seen on a
+	// Firecracker guest's 6.18) gives two frames, and the one we saw is
+	// freed with its mapping and reused, maybe for the very process being
+	// moved: taking it for the zero page would skip that page of data.
+	var pfns [2]uint64
+	for i := range pfns {
+		m, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return 0
+		}
+		defer unix.Munmap(m)
+		if pfns[i] = readFaultPFN(m); pfns[i] == 0 {
+			return 0
+		}
 	}
-	defer unix.Munmap(m)
-	if m[0] != 0 { // the read maps the zero page
+	if pfns[0] != pfns[1] {
+		return 0 // no shared zero page: every present page holds data
+	}
+	return pfns[0]
+})
+
+// readFaultPFN reads m's first byte (a read fault) and returns the frame
+// the kernel mapped there, or 0.
+func readFaultPFN(m []byte) uint64 {
+	if readByte(&m[0]) != 0 {
 		return 0
 	}
 	pm, err := os.Open("/proc/self/pagemap")
@@ -149,7 +171,12 @@ var zeroPFN = sync.OnceValue(func() uint64 {
 		return 0
 	}
 	return e & pmPFN
-})
+}
+
+// readByte reads *p where the compiler cannot drop the read.
+//
+//go:noinline
+func readByte(p *byte) byte { return *p }
 
 // heldRuns calls fn for each run of pages of v in [start, end) that hold
 // data: present (other than the zero page) or swapped; every page of a

@@ -357,3 +357,22 @@ func TestFitsMatchesKernel(t *testing.T) {
 		}
 	}
 }
+
+// zeroPFN is the kernel's shared zero page, or 0: never the frame of a page
+// that was read once and freed (a kernel without a shared zero page for
+// reads gives each read fault a fresh frame, which a move would then take
+// for the zero page and leave out of the file).
+func TestZeroPFN(t *testing.T) {
+	testutil.RequiresRoot(t) // frame numbers
+	z := zeroPFN()
+	m, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	got := readFaultPFN(m)
+	t.Logf("zero page frame %#x; a fresh read-only page maps %#x", z, got)
+	if z != 0 && got != z {
+		t.Errorf("zeroPFN %#x is not what a read-only page maps (%#x): a page of data with that frame would be skipped", z, got)
+	}
+}
