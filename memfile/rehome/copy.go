@@ -50,20 +50,52 @@ func CopyPages(pid int, vmas []VMA, f *os.File) (int64, error) {
 		return 0, err
 	}
 
-	// Windows of copyChunk bytes, copied by a few workers in parallel:
-	// the copy is bound by the per-page cost of reading the target and of
-	// allocating and filling tmpfs pages, which spreads over cores.
-	type job struct {
-		v          VMA
-		start, end uint64
-	}
-	var jobs []job
+	var jobs []window
 	for _, v := range vmas {
-		for a := v.Start; a < v.End; a += copyChunk {
-			jobs = append(jobs, job{v, a, min(a+copyChunk, v.End)})
-		}
+		jobs = append(jobs, windows(v, v.Start, v.End, copyChunk)...)
 	}
-	workers := min(runtime.GOMAXPROCS(0), 4, len(jobs))
+	return newCopiers(pid, pm, mem, f, copyChunk).copy(jobs)
+}
+
+// window is a part of a VMA the tracer copies at once.
+type window struct {
+	v          VMA
+	start, end uint64
+}
+
+// moveWindow is the window of Move's own copy (TracerCopies): each worker's
+// buffer is charged to the memory cgroup the tracer copies from, the
+// process's, on top of the chunk it holds twice, so it stays small.
+const moveWindow = 256 << 10
+
+// windows splits [start, end) of v into windows of size bytes.
+func windows(v VMA, start, end, size uint64) []window {
+	var ws []window
+	for a := start; a < end; a += size {
+		ws = append(ws, window{v, a, min(a+size, end)})
+	}
+	return ws
+}
+
+// copiers are the workers of a parallel copy from one process into one
+// file; their buffers (of window bytes) are made once and reused: a move
+// after spread writes copies hundreds of windows of a page or two.
+type copiers []*copier
+
+func newCopiers(pid int, pm, mem, f *os.File, window uint64) copiers {
+	cs := make(copiers, min(runtime.GOMAXPROCS(0), 4))
+	for i := range cs {
+		cs[i] = &copier{pid: pid, pm: pm, mem: mem, f: f, buf: make([]byte, window), pmbuf: make([]byte, window/pageSize*8)}
+	}
+	return cs
+}
+
+// copy copies the held pages of each window into the file, the windows
+// spread over the workers (the copy is bound by the per-page cost of
+// reading the target and of allocating and filling tmpfs pages, which
+// spreads over cores). It returns the bytes written.
+func (cs copiers) copy(jobs []window) (int64, error) {
+	workers := min(len(cs), len(jobs))
 	var (
 		next    atomic.Int64
 		written atomic.Int64
@@ -71,12 +103,12 @@ func CopyPages(pid int, vmas []VMA, f *os.File) (int64, error) {
 		first   error
 		wg      sync.WaitGroup
 	)
-	for range workers {
+	for _, c := range cs[:workers] {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := copier{pid: pid, pm: pm, mem: mem, f: f, buf: make([]byte, copyChunk), pmbuf: make([]byte, copyChunk/pageSize*8)}
-			defer func() { written.Add(c.written) }()
+			before := c.written
+			defer func() { written.Add(c.written - before) }()
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= len(jobs) {

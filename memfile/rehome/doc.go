@@ -26,7 +26,9 @@
 // are charged to its own memory cgroup. The package-level CopyPages does
 // the same from the caller (process_vm_readv + pwrite, in parallel), for a
 // process that may not open the file for writing; Tracee.CopyPages falls
-// back to it by itself.
+// back to it by itself. Tracee.TracerCopies has Move copy that way always:
+// for a caller in the process's memory cgroup, on hosts where the process's
+// own pwrite is slow (see its doc).
 //
 // Plan selects private anonymous VMAs (no file, [heap], [anon:name]) that
 // hold pages and are not a stack, locked, wipe-on-fork, hugetlb, shared,

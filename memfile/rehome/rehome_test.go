@@ -2,6 +2,7 @@ package rehome
 
 import (
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -158,5 +159,47 @@ func TestRemapFailureLeavesProcess(t *testing.T) {
 	hdr, fl := smapsEntry(t, p.pid, vmas[0].Start)
 	if strings.Contains(hdr, path) || fl["Anonymous"] == 0 {
 		t.Errorf("the VMA whose mmap failed changed: %s (Anonymous %d kB)", hdr, fl["Anonymous"])
+	}
+}
+
+// With TracerCopies the tracer copies every page (in parallel windows, no
+// injected pwrite) and the process only maps: it goes on counting on the
+// file, with its heap intact, each VMA one mapping of its slot.
+func TestMoveByTracer(t *testing.T) {
+	dir := tmpfs(t)
+	p := startProg(t, 64)
+	ticks, t1, t2 := p.verify()
+	path := filepath.Join(dir, "mem")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmas, err := Plan(p.pid)
+	if err != nil {
+		tr.Detach()
+		t.Fatal(err)
+	}
+	tr.TracerCopies = true
+	done, st, err := tr.Move(p.pid, path, vmas, 8<<20)
+	if derr := tr.Detach(); derr != nil {
+		t.Error(derr)
+	}
+	if err != nil || len(done) != len(vmas) {
+		t.Fatalf("Move: %d of %d VMAs: %v", len(done), len(vmas), err)
+	}
+	t.Logf("%+v", st)
+	if st.Calls != 0 || st.ByTracer != st.Bytes || st.Bytes < 60<<20 {
+		t.Errorf("copy stats %+v: want the tracer to copy the whole 64 MiB heap, the process nothing", st)
+	}
+	waitTicks(t, p, ticks, t1, t2)
+	p.verify()
+	hv := vmaAt(t, vmas, p.heap[0])
+	hdr, _ := smapsEntry(t, p.pid, p.heap[0])
+	if want := fmt.Sprintf("%x-%x ", hv.Start, hv.End); !strings.HasPrefix(hdr, want) || !strings.HasSuffix(hdr, path) {
+		t.Errorf("heap is not one mapping of %s over %s: %s", path, want, hdr)
 	}
 }

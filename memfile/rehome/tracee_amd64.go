@@ -738,20 +738,23 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	if err := checkVMAs(pid, vmas); err != nil {
 		return nil, st, err
 	}
-	fd, err := p.open(path, unix.O_RDWR|unix.O_CLOEXEC, vmas)
+	fd, err := int64(-1), errdefs.ErrNotImplemented
+	if !t.TracerCopies {
+		fd, err = p.open(path, unix.O_RDWR|unix.O_CLOEXEC, vmas)
+	}
 	writeFD, passed := fd, int64(-1)
 	if err != nil {
 		var en unix.Errno
 		if !errors.As(err, &en) && !errdefs.IsNotImplemented(err) {
 			return nil, st, err
 		}
-		// The process may not write the file: the tracer copies, the
-		// process only maps.
+		// The tracer copies (TracerCopies, or the process may not
+		// write the file); the process only maps.
 		if fd, err = p.open(path, unix.O_RDONLY|unix.O_CLOEXEC, vmas); err != nil {
 			return nil, st, err
 		}
 		writeFD = -1
-		if t.hostFile != nil {
+		if t.hostFile != nil && !t.TracerCopies {
 			// It may still write through the caller's descriptor,
 			// passed to it: one copy instead of the tracer's two. It
 			// maps the file by its own path (fd), which is what CRIU
@@ -774,13 +777,26 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	pmbuf := make([]byte, copyChunk/pageSize*8)
 	var done []VMA
 	var errs []error
+	var workers copiers // the tracer's, made on first use
 vmaLoop:
 	for _, v := range vmas {
 		for a := v.Start; a < v.End; a += chunk {
 			b := min(a+chunk, v.End)
-			err := heldRuns(pid, pm, pmbuf, v, a, b, func(addr, n uint64) error {
-				return p.writeRun(writeFD, &c, v, addr, n, &st)
-			})
+			var err error
+			if writeFD < 0 {
+				// The tracer copies all of it: in parallel.
+				if workers == nil {
+					workers = newCopiers(pid, pm, p.mem, host, moveWindow)
+				}
+				var n int64
+				n, err = workers.copy(windows(v, a, b, moveWindow))
+				st.Bytes += n
+				st.ByTracer += n
+			} else {
+				err = heldRuns(pid, pm, pmbuf, v, a, b, func(addr, n uint64) error {
+					return p.writeRun(writeFD, &c, v, addr, n, &st)
+				})
+			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("rehome: process %d: %v moved up to %#x: %w", pid, v, a, err))
 				if p.dead {

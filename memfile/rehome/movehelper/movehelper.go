@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 	"github.com/lazyfork/lazyfork/memfile/rehome"
 )
@@ -84,7 +85,7 @@ type Reply struct {
 	VMAs     int         `json:"vmas"`               // VMAs moved whole
 	Patches  int         `json:"patches,omitempty"`  // of which patches of memory-file mappings (each splits one)
 	Bytes    int64       `json:"bytes"`              // bytes written into the file
-	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (the process could not write them)
+	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (sameMemoryCgroup, or the process could not write them)
 	Calls    int         `json:"calls"`              // pwrite calls the processes made
 	// Where the helper's time went: seizing the tree, planning (reading
 	// smaps and pagemaps), copying and mapping (Move), and installing
@@ -225,6 +226,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			}
 			if len(regions) > 0 {
 				joined()
+				tr.TracerCopies = sameMemoryCgroup(pid)
 				t2 := time.Now()
 				done, cs, err := tr.MoveFile(pid, hop, req.Hop.Inside, regions, req.Chunk)
 				reply.Move += time.Since(t2)
@@ -272,6 +274,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			continue
 		}
 		joined()
+		tr.TracerCopies = sameMemoryCgroup(pid)
 		if fp := os.Getenv("LAZYFORK_REHOME_FAILPOINT"); (fp == "die-mid-move" || fp == "hang-mid-move") && len(vmas) > 1 {
 			// Tests: the helper killed, or hanging, with part of the tree
 			// moved.
@@ -397,4 +400,19 @@ func prepare(req *Request, joined func()) (reply Reply) {
 		reply.Err = err.Error()
 	}
 	return reply
+}
+
+// sameMemoryCgroup says whether the helper runs in process pid's memory
+// cgroup. There it copies the pages itself (rehome.Tracee.TracerCopies:
+// several times faster than the process's own pwrite on some hypervisors,
+// and charged to the same cgroup); elsewhere (cgroup v2, where the
+// container's cgroup is frozen, or a join that failed) the process writes
+// them, so that they are charged to it.
+func sameMemoryCgroup(pid int) bool {
+	mine, _, err := procfs.Cgroup(os.Getpid(), "memory")
+	if err != nil {
+		return false
+	}
+	theirs, _, err := procfs.Cgroup(pid, "memory")
+	return err == nil && mine == theirs
 }
