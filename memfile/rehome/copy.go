@@ -95,6 +95,14 @@ func newCopiers(pid int, pm, mem, f *os.File, window uint64) copiers {
 // reading the target and of allocating and filling tmpfs pages, which
 // spreads over cores). It returns the bytes written.
 func (cs copiers) copy(jobs []window) (int64, error) {
+	if len(jobs) == 1 {
+		// A patch of a page or two: not worth a wake-up of another
+		// thread.
+		c := cs[0]
+		before := c.written
+		err := c.window(jobs[0].v, jobs[0].start, jobs[0].end)
+		return c.written - before, err
+	}
 	workers := min(len(cs), len(jobs))
 	var (
 		next    atomic.Int64
