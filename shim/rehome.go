@@ -280,12 +280,12 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehel
 	werr := json.NewEncoder(stdin).Encode(req)
 	if mem, err := memoryCgroupDir(initPID); err == nil && mem == req.Freezer {
 		// Cgroup v2: the memory cgroup is the frozen one, and a process
-		// moved into a frozen cgroup freezes. The processes' own writes
-		// are charged to it anyway; what the helper copies itself (runs
-		// of under 16 pages) is charged to the shim.
+		// moved into a frozen cgroup freezes. The processes then write
+		// their pages themselves, charged to it; what the helper copies
+		// (runs of under 16 pages) is charged to the shim.
 		log.G(ctx).Debug("lazyfork: rehome helper stays in the shim's cgroup (cgroup v2: the container's is frozen)")
 	} else if err := joinMemoryCgroup(initPID, cmd.Process.Pid); err != nil {
-		log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the file is charged to the shim)")
+		log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the processes write their pages themselves; its own copies of small runs are charged to the shim)")
 	}
 	req.ChargedTo = memoryCgroupOf(cmd.Process.Pid)
 	stdin.Close()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -63,9 +64,9 @@ type window struct {
 	start, end uint64
 }
 
-// moveWindow is the window of Move's own copy (TracerCopies): each worker's
-// buffer is charged to the memory cgroup the tracer copies from, the
-// process's, on top of the chunk it holds twice, so it stays small.
+// moveWindow bounds the window of Move's own copy (TracerCopies): each
+// worker's buffer is charged to the memory cgroup the tracer copies from,
+// the process's, on top of the chunk it holds twice (see moveWindowFor).
 const moveWindow = 256 << 10
 
 // windows splits [start, end) of v into windows of size bytes.
@@ -83,11 +84,31 @@ func windows(v VMA, start, end, size uint64) []window {
 type copiers []*copier
 
 func newCopiers(pid int, pm, mem, f *os.File, window uint64) copiers {
-	cs := make(copiers, min(runtime.GOMAXPROCS(0), 4))
-	for i := range cs {
-		cs[i] = &copier{pid: pid, pm: pm, mem: mem, f: f, buf: make([]byte, window), pmbuf: make([]byte, window/pageSize*8)}
+	bufs := make([][]byte, copyWorkers())
+	for i := range bufs {
+		bufs[i] = make([]byte, window)
+	}
+	return copiersWith(pid, pm, mem, f, bufs)
+}
+
+// copiersWith makes one copier per buffer (all of one size: the window).
+func copiersWith(pid int, pm, mem, f *os.File, bufs [][]byte) copiers {
+	cs := make(copiers, len(bufs))
+	for i, b := range bufs {
+		cs[i] = &copier{pid: pid, pm: pm, mem: mem, f: f, buf: b, pmbuf: make([]byte, len(b)/pageSize*8)}
 	}
 	return cs
+}
+
+func copyWorkers() int { return min(runtime.GOMAXPROCS(0), 4) }
+
+// moveWindowFor is the window of a move in chunks of chunk bytes: the
+// workers' buffers together at most a quarter of a chunk (the shim sizes
+// chunks to half the headroom under the container's memory limit, and the
+// buffers are charged there too), and at most moveWindow each.
+func moveWindowFor(chunk uint64) uint64 {
+	w := chunk / 4 / uint64(copyWorkers()) / pageSize * pageSize
+	return max(min(w, moveWindow), pageSize)
 }
 
 // copy copies the held pages of each window into the file, the windows
@@ -95,13 +116,20 @@ func newCopiers(pid int, pm, mem, f *os.File, window uint64) copiers {
 // reading the target and of allocating and filling tmpfs pages, which
 // spreads over cores). It returns the bytes written.
 func (cs copiers) copy(jobs []window) (int64, error) {
-	if len(jobs) == 1 {
-		// A patch of a page or two: not worth a wake-up of another
-		// thread.
+	unreadable := slices.ContainsFunc(jobs, func(j window) bool { return j.v.Prot&unix.PROT_READ == 0 })
+	if len(jobs) == 1 || unreadable {
+		// A patch of a page or two is not worth a wake-up of another
+		// thread. Memory the process may not read is read through
+		// /proc/pid/mem, which a kernel with proc_mem.force_override=ptrace
+		// allows the tracer's own thread only: the caller's.
 		c := cs[0]
 		before := c.written
-		err := c.window(jobs[0].v, jobs[0].start, jobs[0].end)
-		return c.written - before, err
+		for _, j := range jobs {
+			if err := c.window(j.v, j.start, j.end); err != nil {
+				return c.written - before, err
+			}
+		}
+		return c.written - before, nil
 	}
 	workers := min(len(cs), len(jobs))
 	var (

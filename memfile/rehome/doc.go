@@ -12,8 +12,9 @@
 //	tr.InstallFilter(pid, prog)                    // optional: the madvise guard
 //	tr.Detach()                                    // registers back, let go
 //
-// Move is Tracee.CopyPages (the process pwrites its pages into the file)
-// and Remap (injected openat+mmap+close) interleaved per chunk of each VMA.
+// Move is Tracee.CopyPages (the process pwrites its pages into the file;
+// with TracerCopies the tracer copies them) and Remap (injected
+// openat+mmap+close) interleaved per chunk of each VMA.
 // Done in one piece, the process's memory cgroup holds the heap twice
 // (anonymous and in the file) before the mmap frees the anonymous copy: a
 // process with a limit below twice its heap is OOM-killed in the middle
@@ -26,9 +27,11 @@
 // are charged to its own memory cgroup. The package-level CopyPages does
 // the same from the caller (process_vm_readv + pwrite, in parallel), for a
 // process that may not open the file for writing; Tracee.CopyPages falls
-// back to it by itself. Tracee.TracerCopies has Move copy that way always:
-// for a caller in the process's memory cgroup, on hosts where the process's
-// own pwrite is slow (see its doc).
+// back to it by itself. Tracee.TracerCopies has Move copy that way always
+// (for a caller in the process's memory cgroup; the process's own pwrite is
+// slow on some hypervisors, see its doc). The tracer leaves pages of zeros
+// as holes (each VMA maps a slot of its own in a new file, which reads
+// zeros there), except in prepared regions, whose slot holds older bytes.
 //
 // Plan selects private anonymous VMAs (no file, [heap], [anon:name]) that
 // hold pages and are not a stack, locked, wipe-on-fork, hugetlb, shared,

@@ -41,6 +41,10 @@ type Tracee struct {
 	// pwrite of a 256 MiB heap into tmpfs took 557 ms there, the same pages
 	// through a buffer 87 ms (and by vmsplice and splice 74 ms).
 	TracerCopies bool
+	// copyBufs are the tracer's copy buffers, kept for the Tracee's later
+	// moves: a buffer made again may come from freed heap the runtime
+	// zeroes, every page of it charged to the caller's cgroup once more.
+	copyBufs [][]byte
 
 	// NoNewPrivs lists the processes InstallFilter had to give
 	// no_new_privs (they lacked CAP_SYS_ADMIN).
@@ -143,4 +147,15 @@ type CopyStats struct {
 	Bytes    int64 // bytes written into the file
 	Calls    int   // pwrite calls the process made
 	ByTracer int64 // bytes the tracer copied instead (see CopyPages)
+}
+
+// copyBuffers returns the tracer's copy buffers of window bytes, made once.
+func (t *Tracee) copyBuffers(window uint64) [][]byte {
+	if len(t.copyBufs) == 0 || uint64(len(t.copyBufs[0])) != window {
+		t.copyBufs = make([][]byte, copyWorkers())
+		for i := range t.copyBufs {
+			t.copyBufs[i] = make([]byte, window)
+		}
+	}
+	return t.copyBufs
 }

@@ -641,8 +641,9 @@ func (t *Tracee) copyPages(pid int, path string, vmas []VMA) (CopyStats, error) 
 // smallRun is the run, in pages, below which the tracer copies instead of
 // the process: an injected call costs tens of microseconds, more than
 // copying a few pages twice, and a move after spread writes has hundreds of
-// one-page runs. (The helper that moves a container runs in its memory
-// cgroup, so the pages are charged there either way.)
+// one-page runs. (The helper that moves a container writes only where it
+// could not join the container's memory cgroup: those runs are charged to
+// the helper's.)
 const smallRun = 16
 
 // writeRun has the process pwrite n held pages at addr of v into fd (at
@@ -688,8 +689,9 @@ const DefaultChunk = 64 << 20
 // kernel merges them back into one VMA. It returns the VMAs moved whole.
 // A VMA that fails part-way stays split: the chunks done map the file
 // (with the same bytes), the rest stays anonymous, and the error says so.
-// If the process may not open the file for writing, the tracer copies
-// (CopyStats.ByTracer), still chunk by chunk.
+// With TracerCopies, or if the process may not open the file for writing,
+// the tracer copies (CopyStats.ByTracer), still chunk by chunk, in windows
+// spread over a few threads.
 func (t *Tracee) Move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, CopyStats, error) {
 	var done []VMA
 	var st CopyStats
@@ -773,11 +775,20 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 		return nil, st, errors.Join(fmt.Errorf("rehome: process %d: pagemap: %w", pid, err), p.close(fd))
 	}
 	defer pm.Close()
-	c := copier{pid: pid, pm: pm, mem: p.mem, f: host, buf: make([]byte, copyChunk)}
-	pmbuf := make([]byte, copyChunk/pageSize*8)
+	// The process writes (c copies its runs under smallRun pages), or the
+	// tracer copies it all (workers).
+	var c copier
+	var pmbuf []byte
+	var workers copiers
+	window := moveWindowFor(chunk)
+	if writeFD >= 0 {
+		c = copier{pid: pid, pm: pm, mem: p.mem, f: host, buf: make([]byte, copyChunk)}
+		pmbuf = make([]byte, copyChunk/pageSize*8)
+	} else {
+		workers = copiersWith(pid, pm, p.mem, host, t.copyBuffers(window))
+	}
 	var done []VMA
 	var errs []error
-	var workers copiers // the tracer's, made on first use
 vmaLoop:
 	for _, v := range vmas {
 		for a := v.Start; a < v.End; a += chunk {
@@ -785,11 +796,8 @@ vmaLoop:
 			var err error
 			if writeFD < 0 {
 				// The tracer copies all of it: in parallel.
-				if workers == nil {
-					workers = newCopiers(pid, pm, p.mem, host, moveWindow)
-				}
 				var n int64
-				n, err = workers.copy(windows(v, a, b, moveWindow))
+				n, err = workers.copy(windows(v, a, b, window))
 				st.Bytes += n
 				st.ByTracer += n
 			} else {

@@ -85,7 +85,7 @@ type Reply struct {
 	VMAs     int         `json:"vmas"`               // VMAs moved whole
 	Patches  int         `json:"patches,omitempty"`  // of which patches of memory-file mappings (each splits one)
 	Bytes    int64       `json:"bytes"`              // bytes written into the file
-	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (sameMemoryCgroup, or the process could not write them)
+	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (sameMemoryCgroup, runs under 16 pages, or the process could not write them)
 	Calls    int         `json:"calls"`              // pwrite calls the processes made
 	// Where the helper's time went: seizing the tree, planning (reading
 	// smaps and pagemaps), copying and mapping (Move), and installing
@@ -266,10 +266,11 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			reply.Unguardable += n - len(vmas)
 		}
 		// One file for the tree: each process's VMAs in slots of their own.
+		used := slotsUsed(vmas)
 		for i := range vmas {
 			vmas[i].Slot += slot
 		}
-		slot += len(vmas)
+		slot += used
 		if len(vmas) == 0 {
 			continue
 		}
@@ -415,4 +416,15 @@ func sameMemoryCgroup(pid int) bool {
 	}
 	theirs, _, err := procfs.Cgroup(pid, "memory")
 	return err == nil && mine == theirs
+}
+
+// slotsUsed is the number of slots a process's planned VMAs take: past the
+// highest, not their count, since guardable may have dropped some (their
+// slots stay unused; the next process's must not overlap the rest).
+func slotsUsed(vmas []rehome.VMA) int {
+	n := 0
+	for _, v := range vmas {
+		n = max(n, v.Slot+1)
+	}
+	return n
 }

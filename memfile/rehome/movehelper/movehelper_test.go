@@ -118,3 +118,16 @@ func TestMoveLeavesUnguardableMemory(t *testing.T) {
 	}
 	t.Logf("moved %d VMAs of a process with room; left %d of one without", moved.VMAs, r.Unguardable)
 }
+
+// A plan guardable thinned keeps its slots: the next process of the tree
+// starts past the highest, or two processes would write one slot.
+func TestSlotsUsedPastDroppedVMAs(t *testing.T) {
+	plan := []rehome.VMA{{Slot: 0}, {Slot: 1}, {Slot: 2}}
+	kept := []rehome.VMA{plan[2]} // slots 0 and 1 dropped
+	if n := slotsUsed(kept); n != 3 {
+		t.Errorf("slotsUsed(%v) = %d, want 3", kept, n)
+	}
+	if n := slotsUsed(nil); n != 0 {
+		t.Errorf("slotsUsed(nil) = %d, want 0", n)
+	}
+}
