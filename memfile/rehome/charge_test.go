@@ -115,16 +115,7 @@ func TestMoveInChunksUnderMemoryLimit(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p.idle()
-	tr, err := Seize("", p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vmas, err := Plan(p.pid)
-	if err != nil {
-		tr.Detach()
-		t.Fatal(err)
-	}
+	tr, vmas := seizePlanned(t, p)
 	done, st, err := tr.Move(p.pid, path, vmas, 8<<20)
 	if derr := tr.Detach(); derr != nil {
 		t.Error(derr)

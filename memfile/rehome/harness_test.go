@@ -257,6 +257,23 @@ func vmaAt(t testing.TB, vmas []VMA, addr uint64) VMA {
 	return VMA{}
 }
 
+// seizePlanned waits until p idles, seizes it and plans its move (the
+// Tracee detached again if the plan fails).
+func seizePlanned(t testing.TB, p *prog) (*Tracee, []VMA) {
+	t.Helper()
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmas, err := Plan(p.pid)
+	if err != nil {
+		tr.Detach()
+		t.Fatal(err)
+	}
+	return tr, vmas
+}
+
 // rehome runs the whole move on p into path and returns the plan and the
 // VMAs moved. The pages are copied by the process itself (Tracee.CopyPages)
 // unless byTracer.

@@ -41,16 +41,7 @@ func TestMoveFileReadOnlyViewWritesByProcess(t *testing.T) {
 	p := startProg(t, 32)
 	ticks, t1, t2 := p.verify()
 	fdsBefore := openFDs(t, p.pid)
-	p.idle()
-	tr, err := Seize("", p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vmas, err := Plan(p.pid)
-	if err != nil {
-		tr.Detach()
-		t.Fatal(err)
-	}
+	tr, vmas := seizePlanned(t, p)
 	done, st, err := tr.MoveFile(p.pid, host, path, vmas, 0)
 	if derr := tr.Detach(); derr != nil {
 		t.Error(derr)

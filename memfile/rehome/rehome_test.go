@@ -116,16 +116,7 @@ func TestRemapFailureLeavesProcess(t *testing.T) {
 	path := filepath.Join(dir, "mem")
 	ticks, t1, t2 := p.verify()
 
-	p.idle()
-	tr, err := Seize("", p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vmas, err := Plan(p.pid)
-	if err != nil {
-		tr.Detach()
-		t.Fatal(err)
-	}
+	tr, vmas := seizePlanned(t, p)
 	f, err := os.Create(path)
 	if err != nil {
 		tr.Detach()
@@ -173,16 +164,7 @@ func TestMoveByTracer(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p.idle()
-	tr, err := Seize("", p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vmas, err := Plan(p.pid)
-	if err != nil {
-		tr.Detach()
-		t.Fatal(err)
-	}
+	tr, vmas := seizePlanned(t, p)
 	tr.TracerCopies = true
 	done, st, err := tr.Move(p.pid, path, vmas, 8<<20)
 	if derr := tr.Detach(); derr != nil {
