@@ -84,11 +84,16 @@ func windows(v VMA, start, end, size uint64) []window {
 type copiers []*copier
 
 func newCopiers(pid int, pm, mem, f *os.File, window uint64) copiers {
+	return copiersWith(pid, pm, mem, f, copyBuffers(window))
+}
+
+// copyBuffers makes a buffer of window bytes for each worker.
+func copyBuffers(window uint64) [][]byte {
 	bufs := make([][]byte, copyWorkers())
 	for i := range bufs {
 		bufs[i] = make([]byte, window)
 	}
-	return copiersWith(pid, pm, mem, f, bufs)
+	return bufs
 }
 
 // copiersWith makes one copier per buffer (all of one size: the window).

@@ -152,10 +152,7 @@ type CopyStats struct {
 // copyBuffers returns the tracer's copy buffers of window bytes, made once.
 func (t *Tracee) copyBuffers(window uint64) [][]byte {
 	if len(t.copyBufs) == 0 || uint64(len(t.copyBufs[0])) != window {
-		t.copyBufs = make([][]byte, copyWorkers())
-		for i := range t.copyBufs {
-			t.copyBufs[i] = make([]byte, window)
-		}
+		t.copyBufs = copyBuffers(window)
 	}
 	return t.copyBufs
 }

@@ -780,11 +780,12 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	var c copier
 	var pmbuf []byte
 	var workers copiers
-	window := moveWindowFor(chunk)
+	var window uint64
 	if writeFD >= 0 {
 		c = copier{pid: pid, pm: pm, mem: p.mem, f: host, buf: make([]byte, copyChunk)}
 		pmbuf = make([]byte, copyChunk/pageSize*8)
 	} else {
+		window = moveWindowFor(chunk)
 		workers = copiersWith(pid, pm, p.mem, host, t.copyBuffers(window))
 	}
 	var done []VMA
