@@ -10,9 +10,11 @@
  * peeks at the request (MSG_PEEK: nothing is consumed) and, if it is a
  * VERSION request without keep_open, answers with the real CRIU's answer that
  * the shim passes in LAZYFORK_CRIU_VERSION_ANSWER (hex) and exits 0, as CRIU
- * does. It answers only if the real CRIU (LAZYFORK_CRIU_REAL) still has the
- * identity the answer came from (LAZYFORK_CRIU_REAL_ID,
- * device:inode:size:mtime-in-ns): an upgraded CRIU is asked again.
+ * does. A request that has not come within VERSION_WAIT_MS (a restore's:
+ * runc sets up cgroups first) is left to the real CRIU, started at once. It
+ * answers only if the real CRIU (LAZYFORK_CRIU_REAL) still has the identity
+ * the answer came from (LAZYFORK_CRIU_REAL_ID, device:inode:size:mtime-in-ns):
+ * an upgraded CRIU is asked again.
  *
  * tar: CRIU dumps every tmpfs mount with `tar --create --gzip ...`, the
  * mount's root on standard input, and restores it with `tar --extract --gzip
@@ -50,6 +52,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,6 +68,7 @@
 #define FIELD_TYPE 1   /* criu_req.type */
 #define FIELD_KEEP 4   /* criu_req.keep_open */
 #define MAX_MSG (64 << 10)
+#define VERSION_WAIT_MS 3 /* how long a version request may take to come */
 
 static unsigned char buf[MAX_MSG];
 
@@ -234,6 +238,18 @@ static void criu_main(int argc, char **argv)
 		return;
 	sl = sizeof dom;
 	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &sl) || dom != AF_UNIX)
+		return;
+	/* runc writes its VERSION request as soon as CRIU starts; before a
+	 * restore's request it first puts CRIU into the container's cgroups
+	 * (10 ms and more on cgroup v1). A request not there yet is no version
+	 * check: the real CRIU starts now and loads while runc works, instead
+	 * of after (a late version check is the real CRIU's, as without us). */
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	int ready;
+	do
+		ready = poll(&pfd, 1, VERSION_WAIT_MS);
+	while (ready < 0 && errno == EINTR);
+	if (ready <= 0)
 		return;
 	ssize_t n;
 	do /* the request's whole length (MSG_TRUNC), as it is (MSG_PEEK) */

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
@@ -229,11 +230,14 @@ func TestParseCorrupted(t *testing.T) {
 
 // fakeCRIU writes a `criu` that reads the request on the swrk socket and
 // answers "real CRIU <the request in hex>".
+// fakeScript is a stand-in for the real CRIU: it answers the request on fd 3
+// with "real CRIU " and the request in hex.
+const fakeScript = "#!/bin/sh\nreq=$(dd bs=65536 count=1 <&3 2>/dev/null | od -An -v -tx1 | tr -d ' \\n')\nprintf 'real CRIU %s' \"$req\" >&3\n"
+
 func fakeCRIU(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "criu")
-	script := "#!/bin/sh\nreq=$(dd bs=65536 count=1 <&3 2>/dev/null | od -An -v -tx1 | tr -d ' \\n')\nprintf 'real CRIU %s' \"$req\" >&3\n"
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+	if err := os.WriteFile(p, []byte(fakeScript), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -301,9 +305,46 @@ func TestProxyAnswersVersionOnly(t *testing.T) {
 	}
 }
 
-// swrkRaw runs `bin swrk 3` with env added to the test's, sends req and
-// returns the answer as it came.
+// TestProxyLeavesLateRequestToRealCRIU: a request that has not come soon
+// after the proxy starts (runc puts CRIU into the container's cgroups before
+// a restore's) is the real CRIU's, which starts before the request comes, so
+// that it loads while runc works; a late version request is then answered by
+// the real CRIU too.
+func TestProxyLeavesLateRequestToRealCRIU(t *testing.T) {
+	criu, _, _ := proxy(t)
+	started := filepath.Join(t.TempDir(), "started")
+	real := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\n: > " + started + "\n" + strings.SplitN(fakeScript, "\n", 2)[1]
+	if err := os.WriteFile(real, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := answerEnv(t, real, []byte("cached\x00answer"))
+	version := mustMarshal(t, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
+	got, err := swrkRawWhen(t, criu, env, version, func() {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			if _, err := os.Stat(started); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the real CRIU did not start before its request was sent")
+			}
+		}
+	})
+	if want := "real CRIU " + hex.EncodeToString(version); err != nil || string(got) != want {
+		t.Errorf("a late version request: %q (%v), want %q", got, err, want)
+	}
+}
+
+// swrkRaw runs `bin swrk 3` with env added to the test's and req already
+// sent (as runc's version request is, at once: the proxy waits for it only
+// briefly), and returns the answer as it came.
 func swrkRaw(t *testing.T, bin string, env []string, req []byte) ([]byte, error) {
+	t.Helper()
+	return swrkRawWhen(t, bin, env, req, nil)
+}
+
+// swrkRawWhen is swrkRaw sending req once before returns, after the start.
+func swrkRawWhen(t *testing.T, bin string, env []string, req []byte, before func()) ([]byte, error) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -316,12 +357,21 @@ func swrkRaw(t *testing.T, bin string, env []string, req []byte) ([]byte, error)
 	cmd.ExtraFiles = []*os.File{srv}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	send := func() {
+		if _, err := cln.Write(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if before == nil {
+		send()
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	srv.Close()
-	if _, err := cln.Write(req); err != nil {
-		t.Fatal(err)
+	if before != nil {
+		before()
+		send()
 	}
 	resp := make([]byte, 64<<10)
 	n, err := cln.Read(resp)
