@@ -68,7 +68,7 @@
 #define FIELD_TYPE 1   /* criu_req.type */
 #define FIELD_KEEP 4   /* criu_req.keep_open */
 #define MAX_MSG (64 << 10)
-#define VERSION_WAIT_MS 3 /* how long a version request may take to come */
+#define VERSION_WAIT_MS 5 /* how long a version request may take to come */
 
 static unsigned char buf[MAX_MSG];
 

@@ -10,7 +10,10 @@
 // without keep_open, answers with the bytes the real CRIU answered the shim
 // (EnvVersionAnswer) and exits 0 as CRIU does, provided the real CRIU
 // (EnvReal) still has the identity the answer came from (EnvRealID, ID): an
-// upgraded CRIU is asked again.
+// upgraded CRIU is asked again. It waits for the request only 5 ms: runc
+// sends its version request at once, but a restore's only after putting CRIU
+// into the container's cgroups, so the real CRIU starts at once and loads
+// meanwhile.
 //
 // CRIU dumps each tmpfs mount of a container with `tar --create --gzip ...`
 // (a tar and a gzip process, 4-6 ms, per mount and dump, inside the
