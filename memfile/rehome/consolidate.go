@@ -230,28 +230,57 @@ func copyRange(dst *os.File, dstOff int64, src *os.File, extents []fileextent.Ex
 	return copied, nil
 }
 
-// checkPieces verifies, against maps (the content of /proc/pid/maps), that
+// mapping is one line of /proc/pid/maps, parsed.
+type mapping struct {
+	VMA
+	dev     string // major:minor (hex)
+	inode   uint64
+	private bool
+}
+
+// parseMappings parses the mapping lines of maps (the content of
+// /proc/pid/maps, or smaps' header lines), in their order: by address.
+func parseMappings(maps []byte) []mapping {
+	var out []mapping
+	for l := range bytes.SplitSeq(maps, []byte("\n")) {
+		v, _, ok := parseHeader(l)
+		if !ok {
+			continue
+		}
+		fs := bytes.Fields(l)
+		ino, _ := strconv.ParseUint(string(fs[4]), 10, 64)
+		out = append(out, mapping{VMA: v, dev: string(fs[3]), inode: ino, private: fs[1][3] == 'p'})
+	}
+	return out
+}
+
+// checkPieces verifies, against the process's mappings (parseMappings), that
 // the mappings of process pid inside region r are exactly r's pieces: same
-// ranges, protection, files and offsets.
-func checkPieces(pid int, maps []byte, r VMA) error {
+// ranges, protection, files and offsets. (Parsed once for all regions: a
+// fragmented heap has thousands of mappings, read while the container is
+// paused.)
+func checkPieces(pid int, ms []mapping, r VMA) error {
 	changed := func(why string) error {
 		return fmt.Errorf("rehome: process %d: region %v changed since it was prepared (%s): %w", pid, r, why, errdefs.ErrFailedPrecondition)
 	}
 	i := 0
-	for l := range bytes.SplitSeq(maps, []byte("\n")) {
-		v, _, ok := parseHeader(l)
-		if !ok || v.End <= r.Start || v.Start >= r.End {
-			continue
+	first, _ := slices.BinarySearchFunc(ms, r.Start, func(m mapping, a uint64) int {
+		if m.End <= a {
+			return -1
+		}
+		return 1
+	})
+	for _, m := range ms[first:] {
+		if m.Start >= r.End {
+			break
 		}
 		if i >= len(r.Pieces) {
 			return changed("more mappings")
 		}
 		p := r.Pieces[i]
-		fs := bytes.Fields(l)
-		ino, _ := strconv.ParseUint(string(fs[4]), 10, 64)
-		if v.Start != p.Start || v.End != p.End || v.FileOffset != p.Offset || v.Prot != r.Prot ||
-			string(fs[3]) != p.Dev || ino != p.Inode || len(fs[1]) != 4 || fs[1][3] != 'p' {
-			return changed(fmt.Sprintf("%#x-%#x", v.Start, v.End))
+		if m.Start != p.Start || m.End != p.End || m.FileOffset != p.Offset || m.Prot != r.Prot ||
+			m.dev != p.Dev || m.inode != p.Inode || !m.private {
+			return changed(fmt.Sprintf("%#x-%#x", m.Start, m.End))
 		}
 		i++
 	}
@@ -276,7 +305,7 @@ func StillPrepared(pid int, regions []VMA) ([]VMA, error) {
 	}
 	var flagged [][2]uint64
 	var cur VMA
-	var maps bytes.Buffer // smaps' header lines: maps, checked once per region
+	var maps bytes.Buffer // smaps' header lines: maps
 	for l := range bytes.SplitSeq(smaps, []byte("\n")) {
 		if v, _, ok := parseHeader(l); ok {
 			cur = v
@@ -293,9 +322,10 @@ func StillPrepared(pid int, regions []VMA) ([]VMA, error) {
 			}
 		}
 	}
+	ms := parseMappings(maps.Bytes())
 	var out []VMA
 	for _, r := range regions {
-		if checkPieces(pid, maps.Bytes(), r) != nil {
+		if checkPieces(pid, ms, r) != nil {
 			continue
 		}
 		if slices.ContainsFunc(flagged, func(f [2]uint64) bool { return f[0] < r.End && r.Start < f[1] }) {

@@ -848,21 +848,16 @@ func checkVMAs(pid int, vmas []VMA) error {
 	if err != nil {
 		return fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
 	}
-	var cur []VMA
-	for l := range bytes.SplitSeq(b, []byte("\n")) {
-		if v, _, ok := parseHeader(l); ok {
-			cur = append(cur, v)
-		}
-	}
+	cur := parseMappings(b)
 	for _, v := range vmas {
 		if v.Prepared {
-			if err := checkPieces(pid, b, v); err != nil {
+			if err := checkPieces(pid, cur, v); err != nil {
 				return err
 			}
 			continue
 		}
 		// A patch is a part of a mapping; any other VMA a whole one.
-		found := slices.ContainsFunc(cur, func(c VMA) bool {
+		found := slices.ContainsFunc(cur, func(c mapping) bool {
 			return c.Prot == v.Prot && c.Start <= v.Start && v.End <= c.End && (v.Whole || c.Start == v.Start && c.End == v.End)
 		})
 		if !found {
