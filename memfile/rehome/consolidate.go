@@ -238,18 +238,25 @@ type mapping struct {
 	private bool
 }
 
+// parseMapping parses a maps line (or an smaps header line).
+func parseMapping(l []byte) (mapping, bool) {
+	v, _, ok := parseHeader(l)
+	if !ok {
+		return mapping{}, false
+	}
+	fs := bytes.Fields(l)
+	ino, _ := strconv.ParseUint(string(fs[4]), 10, 64)
+	return mapping{VMA: v, dev: string(fs[3]), inode: ino, private: fs[1][3] == 'p'}, true
+}
+
 // parseMappings parses the mapping lines of maps (the content of
-// /proc/pid/maps, or smaps' header lines), in their order: by address.
+// /proc/pid/maps), in their order: by address.
 func parseMappings(maps []byte) []mapping {
 	var out []mapping
 	for l := range bytes.SplitSeq(maps, []byte("\n")) {
-		v, _, ok := parseHeader(l)
-		if !ok {
-			continue
+		if m, ok := parseMapping(l); ok {
+			out = append(out, m)
 		}
-		fs := bytes.Fields(l)
-		ino, _ := strconv.ParseUint(string(fs[4]), 10, 64)
-		out = append(out, mapping{VMA: v, dev: string(fs[3]), inode: ino, private: fs[1][3] == 'p'})
 	}
 	return out
 }
@@ -305,12 +312,11 @@ func StillPrepared(pid int, regions []VMA) ([]VMA, error) {
 	}
 	var flagged [][2]uint64
 	var cur VMA
-	var maps bytes.Buffer // smaps' header lines: maps
+	var ms []mapping // smaps' header lines: maps
 	for l := range bytes.SplitSeq(smaps, []byte("\n")) {
-		if v, _, ok := parseHeader(l); ok {
-			cur = v
-			maps.Write(l)
-			maps.WriteByte('\n')
+		if m, ok := parseMapping(l); ok {
+			cur = m.VMA
+			ms = append(ms, m)
 			continue
 		}
 		if rest, found := bytes.CutPrefix(l, []byte("VmFlags:")); found {
@@ -322,7 +328,6 @@ func StillPrepared(pid int, regions []VMA) ([]VMA, error) {
 			}
 		}
 	}
-	ms := parseMappings(maps.Bytes())
 	var out []VMA
 	for _, r := range regions {
 		if checkPieces(pid, ms, r) != nil {
