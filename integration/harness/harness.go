@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/internal/hwbreak"
 )
@@ -113,21 +114,8 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("harness: temp dir: %w", err)
 	}
-	c := &Containerd{
-		ID:            id,
-		Dir:           dir,
-		Root:          filepath.Join(dir, "root"),
-		State:         filepath.Join(dir, "state"),
-		Address:       filepath.Join(dir, "c.sock"),
-		Namespace:     "lfh-" + id,
-		ShimSocketDir: filepath.Join(dir, "s"),
-		RuncRoot:      filepath.Join(dir, "runc"),
-		CgroupParent:  "/lfh-" + id,
-		LogPath:       filepath.Join(dir, "containerd.log"),
-		FIFODir:       filepath.Join(dir, "fifo"),
-		opts:          opts,
-		exited:        make(chan struct{}),
-	}
+	c := layout(id, dir)
+	c.opts = opts
 	defer func() {
 		if retErr != nil {
 			_ = c.Stop()
@@ -135,6 +123,9 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 	}()
 	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(selfIdentity()+"\n"), 0o600); err != nil {
 		return nil, fmt.Errorf("harness: %w", err)
+	}
+	if err := mountVolatile(filepath.Join(dir, volatileDir)); err != nil {
+		return nil, err
 	}
 	if len(c.ShimSocketDir) > 42 {
 		return nil, fmt.Errorf("harness: shim socket dir %q longer than 42 bytes: %w", c.ShimSocketDir, errdefs.ErrInvalidArgument)
@@ -149,7 +140,7 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 		// A pod with its own user namespace (hostUsers: false) reaches its
 		// rootfs as its mapped root: the path must be traversable, as
 		// containerd's own /run/containerd (0711) is.
-		for _, d := range []string{dir, c.State} {
+		for _, d := range []string{dir, filepath.Dir(c.State), c.State} {
 			if err := os.Chmod(d, 0o711); err != nil {
 				return nil, fmt.Errorf("harness: %w", err)
 			}
@@ -391,13 +382,7 @@ func Reap(ctx context.Context, dir string) error {
 		return fmt.Errorf("harness: %s is not a harness dir (lfh-ID-N): %w", dir, errdefs.ErrInvalidArgument)
 	}
 	id := parts[1]
-	c := &Containerd{
-		ID: id, Dir: dir, Root: filepath.Join(dir, "root"), State: filepath.Join(dir, "state"),
-		Address: filepath.Join(dir, "c.sock"), Namespace: "lfh-" + id,
-		ShimSocketDir: filepath.Join(dir, "s"), RuncRoot: filepath.Join(dir, "runc"),
-		CgroupParent: "/lfh-" + id, LogPath: filepath.Join(dir, "containerd.log"), FIFODir: filepath.Join(dir, "fifo"),
-		exited: make(chan struct{}),
-	}
+	c := layout(id, dir)
 	if len(pidsWithArgs("--config", filepath.Join(dir, "config.toml"))) > 0 {
 		cl, err := client.New(c.Address, client.WithDefaultNamespace(c.Namespace), client.WithTimeout(5*time.Second))
 		if err == nil {
@@ -406,6 +391,50 @@ func Reap(ctx context.Context, dir string) error {
 	}
 	return c.Stop()
 }
+
+// volatileDir is the harness dir's tmpfs (see mountVolatile).
+const volatileDir = "run"
+
+// layout is the harness of id in dir, its paths set and nothing started.
+// What a host keeps in /run (containerd's state dir with its bundles, runc's
+// root, the FIFOs) is on the harness's tmpfs; the sockets stay at the top,
+// their paths short.
+func layout(id, dir string) *Containerd {
+	run := filepath.Join(dir, volatileDir)
+	return &Containerd{
+		ID:            id,
+		Dir:           dir,
+		Root:          filepath.Join(dir, "root"),
+		State:         filepath.Join(run, "state"),
+		Address:       filepath.Join(dir, "c.sock"),
+		Namespace:     "lfh-" + id,
+		ShimSocketDir: filepath.Join(dir, "s"),
+		RuncRoot:      filepath.Join(run, "runc"),
+		CgroupParent:  "/lfh-" + id,
+		LogPath:       filepath.Join(dir, "containerd.log"),
+		FIFODir:       filepath.Join(run, "fifo"),
+		exited:        make(chan struct{}),
+	}
+}
+
+// mountVolatile mounts a tmpfs at dir for the files a host keeps in /run.
+// A task's start writes some twenty small files there (containerd's bundle,
+// the shim's and runc's state, pid files, logs) and its delete removes them;
+// on a disk filesystem that is the only cost of its kind in a fork, and on
+// an ext4 without a journal (these test machines' root, /tmp and /run
+// alike) each new inode is found by a scan past every inode deleted in the
+// last seconds (ext4's recently_deleted): 100 forks at once spent 16% of the
+// machine's time there (perf), where a host's /run is a tmpfs.
+func mountVolatile(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("harness: %w", err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size=1g"); err != nil {
+		return fmt.Errorf("harness: mount a tmpfs at %s for the state dir: %w", dir, err)
+	}
+	return nil
+}
+
 func randomID() (string, error) {
 	b := make([]byte, 4)
 	if _, err := rand.Read(b); err != nil {
