@@ -112,6 +112,22 @@ func TestHook(t *testing.T) {
 	if n := countLines(t, e.TaskLogPath(id), quiesce); n != 1 {
 		t.Errorf("parent heard QUIESCE %d times for one snapshot", n)
 	}
+	// The running parent moved onto its memory file, and the move's plan
+	// gave the dump the Go runtime's MADV_WIPEONFORK pages (its vDSO
+	// getrandom state): the rewrite dropped them with no second read of
+	// the frozen tree's smaps.
+	wiped := false
+	for _, l := range strings.Split(e.Log(), "\n") {
+		if strings.Contains(l, "checkpoint rewritten") && strings.Contains(l, "id="+id+" ") {
+			wiped = strings.Contains(l, "wipe_from_move=true") && !strings.Contains(l, "pages_wiped=0 ")
+			if !wiped {
+				t.Errorf("the parent's snapshot took no wipe-on-fork pages from its move: %s", l)
+			}
+		}
+	}
+	if !wiped && !t.Failed() {
+		t.Errorf("no \"checkpoint rewritten\" line for %s in the containerd log", id)
+	}
 	rands := map[string]string{}
 	for _, f := range res.Forks {
 		fid := f.Container.ID()

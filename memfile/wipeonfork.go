@@ -80,6 +80,35 @@ func ReadWipeOnFork(root int) (WipeOnFork, error) {
 	return w, nil
 }
 
+// WipeOnForkOf is ReadWipeOnFork from ranges read already, by host pid
+// (a move's plan, which reads each process's smaps while the tree is
+// frozen): ok is false, and the caller reads them itself, unless every
+// process of the tree rooted at root is there.
+func WipeOnForkOf(root int, byPid map[int][][2]uint64) (w WipeOnFork, ok bool) {
+	pids, err := procfs.Tree(root)
+	if err != nil {
+		return nil, false
+	}
+	w = WipeOnFork{}
+	for _, pid := range pids {
+		rs, planned := byPid[pid]
+		if !planned {
+			return nil, false
+		}
+		if len(rs) == 0 {
+			continue
+		}
+		nspid, err := procfs.NSPID(pid)
+		if err != nil {
+			return nil, false
+		}
+		for _, r := range rs {
+			w[uint32(nspid)] = append(w[uint32(nspid)], Range{r[0], r[1]})
+		}
+	}
+	return w, true
+}
+
 // readSmapsWipe returns pid's pid in its own namespace and its wipe-on-fork
 // ranges.
 func readSmapsWipe(pid int) (uint32, []Range, error) {

@@ -1,12 +1,14 @@
 package memfile_test
 
 import (
+	"reflect"
 	"strconv"
 	"syscall"
 	"testing"
 
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/rehome"
 )
 
 // TestWipeOnFork: memory a process marked MADV_WIPEONFORK (where Go and new
@@ -81,5 +83,45 @@ func TestWipeOnFork(t *testing.T) {
 	// The parent keeps its own.
 	if r := e.ask(orig, syscall.SIGUSR1, "verify"); r["wipe"] == "0" {
 		t.Errorf("parent: its wipe-on-fork page reads 0 after the dumps: %s", r["line"])
+	}
+}
+
+// TestWipeOnForkOfPlan: the ranges a move's plan reports (rehome.PlanWith's
+// WipeOnFork, by host pid) are what ReadWipeOnFork finds, so that a move's
+// dump need not read the tree's smaps again; a tree the plan did not cover
+// entirely is refused (the caller reads it).
+func TestWipeOnForkOfPlan(t *testing.T) {
+	e := newEnv(t)
+	orig := e.start(4, 1)
+	pids, err := procfs.Tree(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := memfile.ReadWipeOnFork(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) != len(pids) {
+		t.Fatalf("ReadWipeOnFork found ranges in %d processes of %d: the test program no longer marks any", len(want), len(pids))
+	}
+	byPid := map[int][][2]uint64{}
+	for _, p := range pids {
+		byPid[p] = nil // planned, even if it marked nothing
+		if _, err := rehome.PlanWith(p, rehome.PlanOptions{WipeOnFork: func(start, end uint64) {
+			byPid[p] = append(byPid[p], [2]uint64{start, end})
+		}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, ok := memfile.WipeOnForkOf(orig, byPid)
+	if !ok {
+		t.Fatalf("WipeOnForkOf refused a tree planned entirely")
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("from the plan: %v; ReadWipeOnFork: %v", got, want)
+	}
+	delete(byPid, pids[len(pids)-1])
+	if w, ok := memfile.WipeOnForkOf(orig, byPid); ok {
+		t.Errorf("WipeOnForkOf accepted a tree with process %d not planned: %v", pids[len(pids)-1], w)
 	}
 }

@@ -591,17 +591,15 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(err)
 	}
 	move := frozen && s.rehomeEnabled(st, mode, guard)
-	// Beside a move (the task is frozen, and wipe-on-fork mappings never
-	// move), the read overlaps it instead of lengthening the pause.
+	// A move's plan reads them (the task is frozen, and wipe-on-fork
+	// mappings never move): a second read of every smaps would run beside
+	// it on the pause's CPUs. Without a move, or where its plan did not
+	// cover the tree, they are read here.
 	var tWipe time.Duration
-	wipeRead := make(chan struct{})
-	go func() {
-		defer close(wipeRead)
+	wipeFromMove := false
+	if !move {
 		ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
 		tWipe = time.Since(t0)
-	}()
-	if !move {
-		<-wipeRead
 	}
 	// A frozen container moves onto a memory file first: its heap is then
 	// held once, and the dump below sees file mappings and holds only what
@@ -623,8 +621,12 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	defer func() { <-freeReplaced() }()
 	if move {
 		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
-		<-wipeRead
 		tMove = res.Duration
+		t1 := time.Now()
+		if ropts.WipeOnFork, wipeFromMove = memfile.WipeOnForkOf(int(ts.Pid), res.Helper.WipeOnFork); !wipeFromMove {
+			ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
+		}
+		tWipe = time.Since(t1)
 		if err == nil {
 			for _, r := range res.Helper.Replaced {
 				replaced = append(replaced, memfile.FileRange{File: r.File, Off: r.Off, Len: r.Len})
@@ -746,7 +748,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
 		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
-		"wipe_read": tWipe, "move": tMove, "dump": tDump, "until_thaw": tThawed,
+		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "until_thaw": tThawed,
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
 }

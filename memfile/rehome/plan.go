@@ -89,6 +89,11 @@ type PlanOptions struct {
 	// from the new file. The process then holds none of them privately, and
 	// its next dump holds only what it writes after this move.
 	MemDir string
+	// WipeOnFork, when set, is called with each VMA marked
+	// MADV_WIPEONFORK (VmFlags "wf", never converted): the dump needs
+	// those ranges, and the plan's smaps read, the costliest read of a
+	// fragmented process, holds them already.
+	WipeOnFork func(start, end uint64)
 }
 
 // Patch limits: runs of written pages closer than patchGap pages are one
@@ -138,6 +143,9 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 			for _, fl := range bytes.Fields(rest) {
 				if skipFlags[string(fl)] {
 					ok, skip = false, true
+				}
+				if string(fl) == "wf" && opts.WipeOnFork != nil {
+					opts.WipeOnFork(cur.Start, cur.End)
 				}
 				if string(fl) == "nr" {
 					cur.Flags |= unix.MAP_NORESERVE

@@ -102,6 +102,11 @@ type Reply struct {
 	// be unguarded.
 	Unguardable int    `json:"unguardable,omitempty"`
 	NoNewPrivs  []int  `json:"noNewPrivs,omitempty"`
+	// WipeOnFork holds, for each process the move planned (by pid; every
+	// process of Pids up to a failed plan), its MADV_WIPEONFORK ranges
+	// ([start, end), none for most): read with the plan, the dump needs
+	// no second read of the frozen tree's smaps (memfile.WipeOnFork).
+	WipeOnFork map[int][][2]uint64 `json:"wipeOnFork,omitempty"`
 	Err         string `json:"err,omitempty"`
 }
 
@@ -255,12 +260,19 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		// Written pages inside mappings of memory files are planned too:
 		// after a move, nothing the processes wrote stays private.
 		t1 := time.Now()
-		vmas, err := rehome.PlanWith(pid, rehome.PlanOptions{MemDir: req.MemDir})
+		var wiped [][2]uint64
+		vmas, err := rehome.PlanWith(pid, rehome.PlanOptions{MemDir: req.MemDir, WipeOnFork: func(start, end uint64) {
+			wiped = append(wiped, [2]uint64{start, end})
+		}})
 		reply.Plan += time.Since(t1)
 		if err != nil {
 			errs = append(errs, err)
 			return reply
 		}
+		if reply.WipeOnFork == nil {
+			reply.WipeOnFork = map[int][][2]uint64{}
+		}
+		reply.WipeOnFork[pid] = wiped
 		if n := len(vmas); req.Guard && n > 0 {
 			vmas = guardable(tr, pid, madvguard.Mode(req.Mode), vmas)
 			reply.Unguardable += n - len(vmas)

@@ -88,6 +88,10 @@ func TestMoveLeavesUnguardableMemory(t *testing.T) {
 	if moved.Err != "" || moved.VMAs == 0 || moved.Unguardable != 0 || !maps(t, roomy, filepath.Join(dir, "roomy")) {
 		t.Fatalf("a process with room for its guard: %+v", moved)
 	}
+	if _, planned := moved.WipeOnFork[roomy]; !planned {
+		// The shim would read the frozen tree's smaps a second time.
+		t.Errorf("the reply has no wipe-on-fork entry for the process it planned: %v", moved.WipeOnFork)
+	}
 
 	full := startTarget(t)
 	tr, err := rehome.Seize("", full)
