@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -147,6 +148,9 @@ type CopyStats struct {
 	Bytes    int64 // bytes written into the file
 	Calls    int   // pwrite calls the process made
 	ByTracer int64 // bytes the tracer copied instead (see CopyPages)
+	// Map is the time Move spent in the mmap calls it injected (one per
+	// VMA and chunk): a patch costs one, however small.
+	Map time.Duration
 }
 
 // copyBuffers returns the tracer's copy buffers of window bytes, made once.

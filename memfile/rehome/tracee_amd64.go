@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/containerd/errdefs"
@@ -814,7 +815,9 @@ vmaLoop:
 				continue vmaLoop
 			}
 			off := v.Offset() + int64(a-v.Start)
+			tMap := time.Now()
 			r, err := p.syscall(unix.SYS_MMAP, a, b-a, uint64(v.Prot), uint64(unix.MAP_PRIVATE|unix.MAP_FIXED|v.Flags), uint64(fd), uint64(off))
+			st.Map += time.Since(tMap)
 			if err != nil {
 				errs = append(errs, err)
 				break vmaLoop

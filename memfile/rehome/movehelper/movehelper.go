@@ -93,6 +93,7 @@ type Reply struct {
 	// copying and mapping, also in Move, and its guard, also in Guard).
 	Seize, Plan, Move, Hop, Guard time.Duration
 	HopCheck                      time.Duration // of Hop, the regions' check (StillPrepared)
+	Map                           time.Duration // of Move, the mmap calls injected into the processes
 	// FilterErr: the processes' seccomp filters could not be read, so each
 	// move guarded everything it moved with a filter of its own.
 	FilterErr string `json:"filterErr,omitempty"`
@@ -100,14 +101,14 @@ type Reply struct {
 	// because the guard that would cover them no longer fits the
 	// processes' seccomp filters (the kernel's bound): moved, they would
 	// be unguarded.
-	Unguardable int    `json:"unguardable,omitempty"`
-	NoNewPrivs  []int  `json:"noNewPrivs,omitempty"`
+	Unguardable int   `json:"unguardable,omitempty"`
+	NoNewPrivs  []int `json:"noNewPrivs,omitempty"`
 	// WipeOnFork holds, for each process the move planned (by pid; every
 	// process of Pids up to a failed plan), its MADV_WIPEONFORK ranges
 	// ([start, end), none for most): read with the plan, the dump needs
 	// no second read of the frozen tree's smaps (memfile.WipeOnFork).
 	WipeOnFork map[int][][2]uint64 `json:"wipeOnFork,omitempty"`
-	Err         string `json:"err,omitempty"`
+	Err        string              `json:"err,omitempty"`
 }
 
 // Run is the helper's side: read a Request from stdin, seize the frozen
@@ -235,6 +236,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 				t2 := time.Now()
 				done, cs, err := tr.MoveFile(pid, hop, req.Hop.Inside, regions, req.Chunk)
 				reply.Move += time.Since(t2)
+				reply.Map += cs.Map
 				reply.Calls += cs.Calls
 				reply.HopBytes += cs.Bytes
 				reply.Hopped += len(done)
@@ -300,6 +302,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		t2 := time.Now()
 		done, cs, err := tr.MoveFile(pid, f, req.Inside, vmas, req.Chunk)
 		reply.Move += time.Since(t2)
+		reply.Map += cs.Map
 		reply.Calls += cs.Calls
 		reply.VMAs += len(done)
 		for _, v := range done {
