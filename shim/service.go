@@ -622,11 +622,6 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if move {
 		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
 		tMove = res.Duration
-		t1 := time.Now()
-		if ropts.WipeOnFork, wipeFromMove = memfile.WipeOnForkOf(int(ts.Pid), res.Helper.WipeOnFork); !wipeFromMove {
-			ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
-		}
-		tWipe = time.Since(t1)
 		if err == nil {
 			for _, r := range res.Helper.Replaced {
 				replaced = append(replaced, memfile.FileRange{File: r.File, Off: r.Off, Len: r.Len})
@@ -637,6 +632,11 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 			// elsewhere behind its back.
 			return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint of %s: %w", r.ID, err))
 		}
+		t1 := time.Now()
+		if ropts.WipeOnFork, wipeFromMove = memfile.WipeOnForkOf(int(ts.Pid), res.Helper.WipeOnFork); !wipeFromMove {
+			ropts.WipeOnFork = readWipeOnFork(ctx, int(ts.Pid), nil)
+		}
+		tWipe = time.Since(t1)
 		logRehome(ctx, r.ID, res, err)
 		if res.File != "" {
 			st.MovedFiles = append(st.MovedFiles, res.File)
