@@ -68,6 +68,10 @@ func main() {
 // runc runs) and how many traced forks the floors and the breakdown take.
 const floorRuns, breakdownForks = 5, 5
 
+// seqRestores is how many single forks each heap size restores one after
+// another (restore_seq_median, restore_seq_max).
+const seqRestores = 5
+
 func run(heapList string, nForks, plainMax int, outDir string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root")
