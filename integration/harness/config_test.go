@@ -6,11 +6,11 @@ import (
 )
 
 func TestConfigRendering(t *testing.T) {
-	c := &Containerd{Dir: "/tmp/lfh-x", Root: "/tmp/lfh-x/root", State: "/tmp/lfh-x/state",
-		Address: "/tmp/lfh-x/c.sock", ShimSocketDir: "/tmp/lfh-x/s", RuncRoot: "/tmp/lfh-x/runc"}
+	c := layout("x", "/tmp/lfh-x")
 	cfg := c.config()
 	for _, want := range []string{"version = 3", "imports = []", `"io.containerd.grpc.v1.cri"`,
-		`socket_dir = "/tmp/lfh-x/s"`, `path = "/tmp/lfh-x/opt"`, "disable = true"} {
+		`socket_dir = "/tmp/lfh-x/s"`, `path = "/tmp/lfh-x/opt"`, "disable = true",
+		`state = "/tmp/lfh-x/run/state"`} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("config lacks %q:\n%s", want, cfg)
 		}
@@ -25,7 +25,7 @@ func TestConfigRendering(t *testing.T) {
 	cfg = c.config()
 	for _, want := range []string{
 		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.lazyfork]",
-		`runtime_type = "io.containerd.lazyfork.v1"`, "SystemdCgroup = false", `Root = "/tmp/lfh-x/runc"`,
+		`runtime_type = "io.containerd.lazyfork.v1"`, "SystemdCgroup = false", `Root = "/tmp/lfh-x/run/runc"`,
 		`conf_dir = "/tmp/lfh-x/cni/net.d"`, "[proxy_plugins.lazyfork]", `type = "snapshot"`,
 		`root = "/var/lib/lf"`, "# extra",
 		"[plugins.'io.containerd.transfer.v1.local']\n    config_path = \"/tmp/lfh-x/hosts\"",
