@@ -10,8 +10,13 @@
  * peeks at the request (MSG_PEEK: nothing is consumed) and, if it is a
  * VERSION request without keep_open, answers with the real CRIU's answer that
  * the shim passes in LAZYFORK_CRIU_VERSION_ANSWER (hex) and exits 0, as CRIU
- * does. A request that has not come within VERSION_WAIT_MS (a restore's:
- * runc sets up cgroups first) is left to the real CRIU, started at once. It
+ * does. runc's version check goes through go-criu, which hands CRIU its
+ * socketpair's own descriptor (never 3 while stdio is open); runc's dumps,
+ * restores and feature checks pass theirs as the first extra file, fd 3.
+ * `swrk 3` therefore starts the real CRIU at once, unpeeked: a restore's
+ * request comes only after runc has put CRIU into the task's cgroups, and
+ * CRIU loads meanwhile. Any other request that has not come within
+ * VERSION_WAIT_MS is left to the real CRIU too. The proxy
  * answers only if the real CRIU (LAZYFORK_CRIU_REAL) still has the identity
  * the answer came from (LAZYFORK_CRIU_REAL_ID, device:inode:size:mtime-in-ns):
  * an upgraded CRIU is asked again.
@@ -239,11 +244,10 @@ static void criu_main(int argc, char **argv)
 	sl = sizeof dom;
 	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &sl) || dom != AF_UNIX)
 		return;
-	/* runc writes its VERSION request as soon as CRIU starts; before a
-	 * restore's request it first puts CRIU into the container's cgroups
-	 * (10 ms and more on cgroup v1). A request not there yet is no version
-	 * check: the real CRIU starts now and loads while runc works, instead
-	 * of after (a late version check is the real CRIU's, as without us). */
+	if (fd == 3)
+		return; /* runc's own request (above): the real CRIU, now */
+	/* go-criu writes the VERSION request as soon as CRIU starts. One not
+	 * there yet is left to the real CRIU, as without us. */
 	struct pollfd pfd = {.fd = fd, .events = POLLIN};
 	int ready;
 	do

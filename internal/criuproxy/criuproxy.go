@@ -10,10 +10,12 @@
 // without keep_open, answers with the bytes the real CRIU answered the shim
 // (EnvVersionAnswer) and exits 0 as CRIU does, provided the real CRIU
 // (EnvReal) still has the identity the answer came from (EnvRealID, ID): an
-// upgraded CRIU is asked again. It waits for the request only 5 ms: runc
-// sends its version request at once, but a restore's only after putting CRIU
-// into the container's cgroups, so the real CRIU starts at once and loads
-// meanwhile.
+// upgraded CRIU is asked again. runc's version check goes through go-criu,
+// which gives CRIU the socketpair's own descriptor (never 3); runc's own
+// requests come on fd 3, and `criu swrk 3` starts the real CRIU at once,
+// unpeeked: a restore's request comes only after runc has put CRIU into the
+// container's cgroups, and CRIU loads meanwhile. On another fd the proxy
+// waits for the request only 5 ms (go-criu sends it at once).
 //
 // CRIU dumps each tmpfs mount of a container with `tar --create --gzip ...`
 // (a tar and a gzip process, 4-6 ms, per mount and dump, inside the

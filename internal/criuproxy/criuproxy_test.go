@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -228,11 +229,11 @@ func TestParseCorrupted(t *testing.T) {
 	t.Logf("%d of %d corrupted requests refused", refused, len(reqs))
 }
 
-// fakeCRIU writes a `criu` that reads the request on the swrk socket and
-// answers "real CRIU <the request in hex>".
-// fakeScript is a stand-in for the real CRIU: it answers the request on fd 3
-// with "real CRIU " and the request in hex.
-const fakeScript = "#!/bin/sh\nreq=$(dd bs=65536 count=1 <&3 2>/dev/null | od -An -v -tx1 | tr -d ' \\n')\nprintf 'real CRIU %s' \"$req\" >&3\n"
+// fakeScript is a stand-in for the real CRIU: it answers the request on the
+// swrk socket (`criu swrk FD`) with "real CRIU " and the request in hex.
+const fakeScript = "#!/bin/sh\neval \"exec 9<&$2\"\nreq=$(dd bs=65536 count=1 <&9 2>/dev/null | od -An -v -tx1 | tr -d ' \\n')\nprintf 'real CRIU %s' \"$req\" >&9\n"
+
+// fakeCRIU writes a `criu` that runs fakeScript.
 
 func fakeCRIU(t *testing.T) string {
 	t.Helper()
@@ -254,8 +255,8 @@ func answerEnv(t *testing.T, real string, answer []byte) []string {
 	return []string{EnvReal + "=" + real, EnvRealID + "=" + id, EnvVersionAnswer + "=" + hex.EncodeToString(answer)}
 }
 
-// TestProxyAnswersVersionOnly: the proxy binary, run as `criu swrk 3`,
-// answers go-criu's VERSION requests without keep_open from the environment
+// TestProxyAnswersVersionOnly: the proxy binary, run as go-criu runs CRIU
+// (`criu swrk N`, N the socket's own descriptor), answers VERSION requests without keep_open from the environment
 // and leaves every other request, and garbage, to the real CRIU; likewise
 // when the environment's answer is not for the real CRIU as it is now, or
 // is no hex.
@@ -305,6 +306,22 @@ func TestProxyAnswersVersionOnly(t *testing.T) {
 	}
 }
 
+// TestProxyLeavesRuncsRequestsToRealCRIU: `criu swrk 3` is runc's own run of
+// CRIU (a dump, a restore, a feature check: the socket is its first extra
+// file), never its version check (go-criu's), so even a VERSION request
+// there goes to the real CRIU, which the proxy starts without waiting.
+func TestProxyLeavesRuncsRequestsToRealCRIU(t *testing.T) {
+	criu, _, _ := proxy(t)
+	real := fakeCRIU(t)
+	env := answerEnv(t, real, []byte("cached\x00answer"))
+	for name, req := range goCriuRequests() {
+		b := mustMarshal(t, req)
+		if got, err := swrkFD(t, criu, 3, env, b, nil); err != nil || string(got) != "real CRIU "+hex.EncodeToString(b) {
+			t.Errorf("%s on fd 3: %q (%v), want the real CRIU's answer", name, got, err)
+		}
+	}
+}
+
 // TestProxyLeavesLateRequestToRealCRIU: a request that has not come soon
 // after the proxy starts (runc puts CRIU into the container's cgroups before
 // a restore's) is the real CRIU's, which starts before the request comes, so
@@ -320,7 +337,7 @@ func TestProxyLeavesLateRequestToRealCRIU(t *testing.T) {
 	}
 	env := answerEnv(t, real, []byte("cached\x00answer"))
 	version := mustMarshal(t, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
-	got, err := swrkRawWhen(t, criu, env, version, func() {
+	got, err := swrkFD(t, criu, goCriuFD, env, version, func() {
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 			if _, err := os.Stat(started); err == nil {
 				return
@@ -335,16 +352,21 @@ func TestProxyLeavesLateRequestToRealCRIU(t *testing.T) {
 	}
 }
 
-// swrkRaw runs `bin swrk 3` with env added to the test's and req already
-// sent (as runc's version request is, at once: the proxy waits for it only
-// briefly), and returns the answer as it came.
+// goCriuFD is where the tests put the socket of go-criu's runs: go-criu
+// hands CRIU the socketpair's own descriptor, 4 or more.
+const goCriuFD = 4
+
+// swrkRaw runs `bin swrk 4` as go-criu does, with env added to the test's
+// and req already sent (as runc's version request is, at once: the proxy
+// waits for it only briefly), and returns the answer as it came.
 func swrkRaw(t *testing.T, bin string, env []string, req []byte) ([]byte, error) {
 	t.Helper()
-	return swrkRawWhen(t, bin, env, req, nil)
+	return swrkFD(t, bin, goCriuFD, env, req, nil)
 }
 
-// swrkRawWhen is swrkRaw sending req once before returns, after the start.
-func swrkRawWhen(t *testing.T, bin string, env []string, req []byte, before func()) ([]byte, error) {
+// swrkFD runs `bin swrk fd`, the socket at fd, and sends req: before the
+// start, or once before returns if it is not nil.
+func swrkFD(t *testing.T, bin string, fd int, env []string, req []byte, before func()) ([]byte, error) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -352,9 +374,17 @@ func swrkRawWhen(t *testing.T, bin string, env []string, req []byte, before func
 	}
 	cln, srv := os.NewFile(uintptr(fds[0]), "cln"), os.NewFile(uintptr(fds[1]), "srv")
 	defer cln.Close()
-	cmd := exec.Command(bin, "swrk", "3")
+	cmd := exec.Command(bin, "swrk", strconv.Itoa(fd))
 	cmd.Env = append(os.Environ(), env...)
-	cmd.ExtraFiles = []*os.File{srv}
+	for len(cmd.ExtraFiles) < fd-3 {
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer null.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, null)
+	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, srv)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	send := func() {
