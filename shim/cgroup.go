@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -218,4 +220,56 @@ func (m *v1Mounts) pidPath(pid int) cgroup1.Path {
 		}
 		return root, nil
 	}
+}
+
+// cgroupWarmEnv turns warmCgroupAttach off ("off").
+const cgroupWarmEnv = "LAZYFORK_CGROUP_WARM"
+
+// warming is set while a warmCgroupAttach write is under way.
+var warming atomic.Bool
+
+// warmCgroupAttach starts, in the background, a write of the shim's own pid
+// to its own cgroup.procs: a migration that moves nothing. Unless cgroups
+// are mounted with favordynmods, every write to a cgroup.procs first waits
+// for an RCU grace period (cgroup_threadgroup_rwsem's rcu_sync: 5-13 ms on
+// these hosts), unless another writer went through one within about a grace
+// period before. So runc's first such write (CRIU into a fork's cgroups, the
+// init of a new container, an exec'd process) and a move's helper joining
+// the task's memory cgroup find the grace period under way or passed,
+// instead of waiting for a whole one, while their own start-up runs. One
+// write at a time: a later caller shares the one under way.
+func warmCgroupAttach(ctx context.Context) {
+	if os.Getenv(cgroupWarmEnv) == "off" || !warming.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer warming.Store(false)
+		if err := rewriteOwnCgroup(); err != nil {
+			log.G(ctx).WithError(err).Debug("lazyfork: warm cgroup attach")
+		}
+	}()
+}
+
+// rewriteOwnCgroup writes this process's pid to the cgroup.procs of its own
+// pids (or memory) cgroup: a migration to where it is.
+func rewriteOwnCgroup() error {
+	self := os.Getpid()
+	var errs []error
+	for _, controller := range []string{"pids", "memory"} {
+		dir, err := cgroupDir(self, controller)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		// Never O_CREAT: on a hybrid host a unified path read as a v1 one
+		// names no cgroup file.
+		f, err := os.OpenFile(filepath.Join(dir, "cgroup.procs"), os.O_WRONLY, 0)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		_, err = f.WriteString(strconv.Itoa(self))
+		return errors.Join(err, f.Close())
+	}
+	return errors.Join(errs...)
 }

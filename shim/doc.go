@@ -67,6 +67,8 @@
 //	                     checkpoint and restore, the first time only for its version,
 //	                     and CRIU runs tar and gzip for every tmpfs mount it dumps
 //	                     (criuproxy.go)
+//	LAZYFORK_CGROUP_WARM "off": runc's and the move helper's cgroup migrations wait for a
+//	                     whole RCU grace period of their own (cgroup.go, warmCgroupAttach)
 //
 // # CRIU's version check and empty tmpfs dumps
 //

@@ -37,8 +37,11 @@ type rehomeResult struct {
 	// HelperRun is the helper's run as the shim saw it (start to reply),
 	// of Duration.
 	HelperRun time.Duration
-	Helper    movehelper.Reply // the helper's own account (calls, timings)
-	Binary    string           // the helper's program
+	// Join is the shim's move of the helper into the container's memory
+	// cgroup, of HelperRun (the helper seizes and plans meanwhile).
+	Join   time.Duration
+	Helper movehelper.Reply // the helper's own account (calls, timings)
+	Binary string           // the helper's program
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
 	NoNewPrivs []int
@@ -78,6 +81,7 @@ func (s *Service) rehomeEnabled(st *containerState, mode madvguard.Mode, guard b
 func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initPID int, mode madvguard.Mode, guard bool) (res rehomeResult, retErr error) {
 	t0 := time.Now()
 	defer func() { res.Duration = time.Since(t0) }()
+	warmCgroupAttach(ctx) // again: the pause's may have passed since
 	if st.View == "" {
 		return res, fmt.Errorf("container %s has no memory view (created by an older shim): %w", st.ID, errdefs.ErrFailedPrecondition)
 	}
@@ -161,7 +165,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		}
 	}
 	tHelper := time.Now()
-	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.Binary)
+	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.Binary, &res.Join)
 	res.HelperRun = time.Since(tHelper)
 	// Kept if any process maps any of it: a region can fail part way
 	// (chunk by chunk), its first chunks mapped from the file.
@@ -241,8 +245,9 @@ func isFile(path string) bool {
 }
 
 // runRehomeHelper runs the helper through containerd's reaper, inside the
-// container's memory cgroup, and returns its reply.
-func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, binary *string) (*movehelper.Reply, error) {
+// container's memory cgroup, and returns its reply; binary and join get its
+// program and how long its move into that cgroup took.
+func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, binary *string, join *time.Duration) (*movehelper.Reply, error) {
 	cmd := exec.Command(s.self, HookArg, "rehome")
 	if helper := filepath.Join(filepath.Dir(s.self), RehomeHelper); isFile(helper) {
 		cmd = exec.Command(helper)
@@ -284,8 +289,13 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehel
 		// their pages themselves, charged to it; what the helper copies
 		// (runs of under 16 pages) is charged to the shim.
 		log.G(ctx).Debug("lazyfork: rehome helper stays in the shim's cgroup (cgroup v2: the container's is frozen)")
-	} else if err := joinMemoryCgroup(initPID, cmd.Process.Pid); err != nil {
-		log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the processes write their pages themselves; its own copies of small runs are charged to the shim)")
+	} else {
+		tJoin := time.Now()
+		err := joinMemoryCgroup(initPID, cmd.Process.Pid)
+		*join = time.Since(tJoin)
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the processes write their pages themselves; its own copies of small runs are charged to the shim)")
+		}
 	}
 	req.ChargedTo = memoryCgroupOf(cmd.Process.Pid)
 	stdin.Close()
@@ -393,7 +403,7 @@ func cgroupProcs(dir string) ([]int, error) {
 
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
-	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration, "helper_run": res.HelperRun,
+	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration, "helper_run": res.HelperRun, "join": res.Join,
 		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "map": res.Helper.Map, "consolidation": res.Helper.Hop, "consolidation_check": res.Helper.HopCheck, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary,
 		"consolidated": res.Helper.Hopped, "consolidated_bytes": res.Helper.HopBytes})
 	if res.Helper.FilterErr != "" {
@@ -600,7 +610,8 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 		MemDir: memfile.MountPath, PrepareAbove: consolidateAbove, MaxBytes: maxBytes,
 	}
 	var binary string
-	reply, err := s.runRehomeHelper(ctx, pid, &req, &binary)
+	var join time.Duration
+	reply, err := s.runRehomeHelper(ctx, pid, &req, &binary, &join)
 	if err == nil && reply.Err != "" {
 		err = errors.New(reply.Err)
 	}

@@ -153,6 +153,9 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}
 	}()
 	t1 := time.Now()
+	if c.state.Snapshot == "" {
+		warmCgroupAttach(ctx) // runc create moves its init into the cgroups (a fork's restore runs at Start)
+	}
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err != nil {
 		return nil, err
@@ -414,6 +417,11 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	c := s.get(r.ID)
 	restoring := r.ExecID == "" && c != nil && c.state.Snapshot != ""
 	var timedOut func() bool
+	if restoring || r.ExecID != "" {
+		// runc's restore moves CRIU, and runc exec its process, into the
+		// task's cgroups.
+		warmCgroupAttach(ctx)
+	}
 	if restoring {
 		var stop func()
 		stop, timedOut = s.boundRestore(ctx, r.ID, c.state.CgroupsPath)
