@@ -113,9 +113,13 @@ func TestRehome(t *testing.T) {
 	if p := parent.task.Pid(); p != pid {
 		t.Errorf("parent's pid changed: %d -> %d", pid, p)
 	}
-	// The move ran the small helper binary, not the shim's own.
+	// The move ran the small helper binary, not the shim's own, and runc's
+	// checkpoint started beside it, its CRIU held at the dump gate.
 	if l := e.Log(); !strings.Contains(l, "helper=lazyfork-rehome") {
 		t.Errorf("the move did not run lazyfork-rehome (shim log: %q)", grepLines(l, "moved onto memory file"))
+	}
+	if l := grepLines(e.Log(), "checkpoint rewritten"); !strings.Contains(l, "dump_gated=true") {
+		t.Errorf("the moving checkpoint's dump was not held at a gate (shim log: %q)", l)
 	}
 	st, err := parent.task.Status(ctx)
 	if err != nil || st.Status != containerd.Running {

@@ -70,12 +70,13 @@ func lookPathBut(self, name, hint string) (string, error) {
 // setupCRIUProxy asks the CRIU binary criu for its version if no cache holds
 // its answer, and puts the proxy first on PATH with the environment it reads.
 // The proxy (as criu and tar), its directory, criu and the real tar must be
-// root-owned and writable by nobody else (runc runs them as root).
-func setupCRIUProxy(self, criu string) error {
+// root-owned and writable by nobody else (runc runs them as root). gateErr
+// says why the proxy runs without dump gates (dumpgate.go).
+func setupCRIUProxy(self, criu string) (gateErr, err error) {
 	dir := criuProxyDir(self)
 	tar, err := lookPathBut(self, "tar", "install tar")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	uid := uint32(os.Geteuid())
 	for _, c := range []struct {
@@ -83,28 +84,28 @@ func setupCRIUProxy(self, criu string) error {
 		dir  bool
 	}{{dir, true}, {filepath.Join(dir, "criu"), false}, {filepath.Join(dir, "tar"), false}, {criu, false}, {tar, false}} {
 		if err := criuproxy.TrustedPath(c.path, c.dir, uid); err != nil {
-			return fmt.Errorf("%w: the proxy is off (reinstall with make install)", err)
+			return nil, fmt.Errorf("%w: the proxy is off (reinstall with make install)", err)
 		}
 	}
 	id, err := criuproxy.ID(criu)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cacheDir, err := criuCacheDir()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	answer, err := criuproxy.ReadCache(cacheDir, criu, uid)
 	if err != nil {
 		name, err := criuproxy.CacheName(criu, criuproxy.VersionSuffix)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if answer, err = askCRIUVersion(criu); err != nil {
-			return err
+			return nil, err
 		}
 		if err := writeFileAtomic(filepath.Join(cacheDir, name), answer, 0o600); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	path := []string{dir}
@@ -113,6 +114,7 @@ func setupCRIUProxy(self, criu string) error {
 			path = append(path, d)
 		}
 	}
+	prefix, gateErr := setupGates(cacheDir, filepath.Join(dir, "criu"))
 	// PATH last: a runc started meanwhile finds the proxy only once the
 	// proxy has what it reads.
 	for _, kv := range [][2]string{
@@ -120,13 +122,15 @@ func setupCRIUProxy(self, criu string) error {
 		{criuproxy.EnvRealID, id},
 		{criuproxy.EnvVersionAnswer, hex.EncodeToString(answer)},
 		{criuproxy.EnvTarReal, tar},
+		{criuproxy.EnvGate, prefix},
 		{"PATH", strings.Join(path, string(filepath.ListSeparator))},
 	} {
 		if err := os.Setenv(kv[0], kv[1]); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	gatePrefix.Store(prefix)
+	return gateErr, nil
 }
 
 // askCRIUVersion sends CRIU a VERSION request, as go-criu does for runc

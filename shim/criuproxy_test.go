@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -52,9 +53,11 @@ func TestCRIUProxySetup(t *testing.T) {
 	}
 	privateRunOnDisk(t)
 	for _, k := range []string{"PATH", criuproxy.EnvReal, criuproxy.EnvRealID, criuproxy.EnvVersionAnswer,
-		criuproxy.EnvTarReal, criuProxyEnv, "LAZYFORK_CRIU_KDAT"} {
+		criuproxy.EnvTarReal, criuproxy.EnvGate, criuProxyEnv, "LAZYFORK_CRIU_KDAT"} {
 		t.Setenv(k, os.Getenv(k))
 	}
+	prefix, _ := gatePrefix.Load().(string)
+	t.Cleanup(func() { gatePrefix.Store(prefix) })
 	path := os.Getenv("PATH")
 	realTar, err := exec.LookPath("tar")
 	if err != nil {
@@ -79,7 +82,7 @@ func TestCRIUProxySetup(t *testing.T) {
 		if err := os.Chmod(p, fi.Mode().Perm()|0o002); err != nil {
 			t.Fatal(err)
 		}
-		if err := setupCRIUProxy(self, realCriu); err == nil || os.Getenv("PATH") != path {
+		if _, err := setupCRIUProxy(self, realCriu); err == nil || os.Getenv("PATH") != path {
 			t.Fatalf("a world-writable %s was put on PATH (%v): %s", p, err, os.Getenv("PATH"))
 		}
 		if err := os.Chmod(p, fi.Mode().Perm()); err != nil {
@@ -144,8 +147,20 @@ func TestCRIUProxySetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.WriteFile(filepath.Join(dir, name), cached, 0o600) })
-	if err := setupCRIUProxy(self, realCriu); err != nil {
-		t.Fatal(err)
+	if gateErr, err := setupCRIUProxy(self, realCriu); err != nil || gateErr != nil {
+		t.Fatal(err, gateErr)
+	}
+	// Dump gates: this shim's own prefix, in a root-only directory beside
+	// the cache, known to the shim itself (not only to the environment).
+	gates := os.Getenv(criuproxy.EnvGate)
+	if want := filepath.Join(dir, "gates", strconv.Itoa(os.Getpid())) + "."; gates != want {
+		t.Errorf("%s=%s, want %s", criuproxy.EnvGate, gates, want)
+	}
+	if got, _ := gatePrefix.Load().(string); got != gates {
+		t.Errorf("the shim's gate prefix %q, its environment's %q", got, gates)
+	}
+	if fi, err := os.Stat(filepath.Dir(gates)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("gate directory %s: %v %v, want mode 0700", filepath.Dir(gates), fi, err)
 	}
 	if got, err := criu.MakeCriu().GetCriuVersion(); err != nil || got != want+700 {
 		t.Fatalf("go-criu through PATH: version %d, %v; want the cache's %d", got, err, want+700)

@@ -69,6 +69,8 @@
 //	                     (criuproxy.go)
 //	LAZYFORK_CGROUP_WARM "off": runc's and the move helper's cgroup migrations wait for a
 //	                     whole RCU grace period of their own (cgroup.go, warmCgroupAttach)
+//	LAZYFORK_DUMP_GATE   "off": a moving checkpoint starts runc after the move, not beside
+//	                     it with CRIU held at a gate (dumpgate.go)
 //
 // # CRIU's version check and empty tmpfs dumps
 //

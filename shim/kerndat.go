@@ -103,8 +103,10 @@ func (k *kerndat) ensure(ctx context.Context, self string, wait bool) {
 				}
 			}
 			if proxy {
-				if err := setupCRIUProxy(self, criu); err != nil {
+				if gateErr, err := setupCRIUProxy(self, criu); err != nil {
 					log.G(ctx).WithError(err).Warn("lazyfork: CRIU version proxy: runc runs CRIU twice per checkpoint and restore")
+				} else if gateErr != nil {
+					log.G(ctx).WithError(gateErr).Warn("lazyfork: CRIU proxy without dump gates: a moving checkpoint starts runc after the move")
 				}
 			}
 		}()

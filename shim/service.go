@@ -627,6 +627,35 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return done
 	})
 	defer func() { <-freeReplaced() }()
+	// A moving checkpoint starts runc now, held back before CRIU until the
+	// move is over (dumpgate.go): its start-up leaves the pause.
+	var gate *dumpGate
+	var early chan error // the held-back runc checkpoint's result, until taken
+	defer func() {
+		if gate == nil {
+			return
+		}
+		if early != nil { // returned before the dump: runc goes, CRIU never ran
+			if err := gate.open(false); err != nil {
+				log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: call off a held-back dump")
+			}
+			<-early
+		}
+		gate.remove()
+	}()
+	if move {
+		if g, ok, err := closeDumpGate(r.ID); err != nil {
+			log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: runc checkpoint starts after the move")
+		} else if ok {
+			gate, early = g, make(chan error, 1)
+			go func() {
+				_, err := s.TTRPCTaskService.Checkpoint(ctx, r)
+				early <- err
+			}()
+		}
+	} else {
+		removeStaleGate(r.ID)
+	}
 	if move {
 		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
 		tMove = res.Duration
@@ -678,7 +707,15 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint of %s: %w", r.ID, err))
 	}
 	t1 := time.Now()
-	_, err = s.TTRPCTaskService.Checkpoint(ctx, r)
+	if early != nil {
+		if gerr := gate.open(true); gerr != nil {
+			log.G(ctx).WithError(gerr).WithField("id", r.ID).Warn("lazyfork: open a dump gate (the dump ends before CRIU)")
+		}
+		err = <-early
+		early = nil
+	} else {
+		_, err = s.TTRPCTaskService.Checkpoint(ctx, r)
+	}
 	resumeHere() // attaches the supervisor again, then thaws
 	if err != nil {
 		if detached {
@@ -756,7 +793,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
 		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
-		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "until_thaw": tThawed,
+		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "dump_gated": gate != nil, "until_thaw": tThawed,
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
 }

@@ -63,6 +63,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -226,6 +227,59 @@ static size_t cached_answer(unsigned char *out, size_t max)
 	return n;
 }
 
+/* A dump the shim holds back (shim/dumpgate.go): the shim starts `runc
+ * checkpoint` while it still moves the container onto its memory file, so
+ * that runc's start-up runs beside the move instead of after it, and holds
+ * CRIU's start at this gate: the file LAZYFORK_CRIU_GATE + the container's
+ * id (runc's last argument; its command is `checkpoint`), locked by the shim.
+ * The dump goes on once the shim has written "go" and unlocked; anything
+ * else (the move failed, the shim went away) ends it here, CRIU not run.
+ * No such file: no gate. */
+static void wait_at_gate(void)
+{
+	const char *prefix = getenv("LAZYFORK_CRIU_GATE");
+	static char cmdline[1 << 16];
+	char path[4096], state[8];
+	if (!prefix || prefix[0] != '/')
+		return;
+	snprintf(path, sizeof path, "/proc/%d/cmdline", (int)getppid());
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	ssize_t n = 0, m;
+	while (n < (ssize_t)sizeof cmdline - 1 && (m = read(fd, cmdline + n, sizeof cmdline - 1 - n)) > 0)
+		n += m;
+	close(fd);
+	if (n <= 0 || cmdline[n - 1] != '\0')
+		return;
+	const char *id = NULL;
+	int checkpoint = 0;
+	for (const char *a = cmdline; a < cmdline + n; a += strlen(a) + 1) {
+		if (id && strcmp(id, "checkpoint") == 0)
+			checkpoint = 1;
+		id = a;
+	}
+	if (!checkpoint || !id[0] || id[0] == '.' || strchr(id, '/') ||
+	    snprintf(path, sizeof path, "%s%s", prefix, id) >= (int)sizeof path)
+		return;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return;
+	int r;
+	do
+		r = flock(fd, LOCK_SH);
+	while (r < 0 && errno == EINTR);
+	do
+		n = pread(fd, state, sizeof state, 0);
+	while (n < 0 && errno == EINTR);
+	close(fd);
+	if (r == 0 && n == 2 && memcmp(state, "go", 2) == 0)
+		return;
+	fprintf(stderr, "lazyfork criu proxy: the shim called off the dump of %s (its move onto the "
+		"memory file failed, or the shim went away)\n", id);
+	exit(1);
+}
+
 static void criu_main(int argc, char **argv)
 {
 	static unsigned char answer[MAX_MSG];
@@ -244,8 +298,10 @@ static void criu_main(int argc, char **argv)
 	sl = sizeof dom;
 	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &sl) || dom != AF_UNIX)
 		return;
-	if (fd == 3)
+	if (fd == 3) {
+		wait_at_gate();
 		return; /* runc's own request (above): the real CRIU, now */
+	}
 	/* go-criu writes the VERSION request as soon as CRIU starts. One not
 	 * there yet is left to the real CRIU, as without us. */
 	struct pollfd pfd = {.fd = fd, .events = POLLIN};

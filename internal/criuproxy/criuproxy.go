@@ -43,6 +43,7 @@
 package criuproxy
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -64,7 +65,22 @@ const (
 	EnvVersionAnswer = "LAZYFORK_CRIU_VERSION_ANSWER"
 	// EnvTarReal is the absolute path of the real tar.
 	EnvTarReal = "LAZYFORK_TAR_REAL"
+	// EnvGate is the path prefix of dump gates: a `runc checkpoint` of
+	// container ID waits, before CRIU starts, while a file EnvGate+ID exists
+	// and is locked, and goes on only if it then holds "go".
+	EnvGate = "LAZYFORK_CRIU_GATE"
 )
+
+// HasGate reports whether the proxy binary at path knows dump gates (it
+// names EnvGate): an older proxy would let CRIU dump a container its shim
+// is still moving.
+func HasGate(path string) (bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Contains(b, []byte(EnvGate)), nil
+}
 
 // VersionSuffix ends the name of a version cache (CacheName).
 const VersionSuffix = ".version"
