@@ -228,6 +228,15 @@ const cgroupWarmEnv = "LAZYFORK_CGROUP_WARM"
 // warming is set while a warmCgroupAttach write is under way.
 var warming atomic.Bool
 
+// warmForMove is warmCgroupAttach before a move: on cgroup v1, where the
+// move's helper joins the container's memory cgroup (on v2 it stays out of
+// the frozen cgroup, rehome.go).
+func warmForMove(ctx context.Context) {
+	if cgroups.Mode() != cgroups.Unified {
+		warmCgroupAttach(ctx)
+	}
+}
+
 // warmCgroupAttach starts, in the background, a write of the shim's own pid
 // to its own cgroup.procs: a migration that moves nothing. Unless cgroups
 // are mounted with favordynmods, every write to a cgroup.procs first waits
@@ -257,6 +266,11 @@ func rewriteOwnCgroup() error {
 	var errs []error
 	for _, controller := range []string{"pids", "memory"} {
 		dir, err := cgroupDir(self, controller)
+		if err == nil && strings.Contains(dir, "..") {
+			// A cgroup namespace's view of a cgroup outside it: not ours
+			// to write.
+			err = fmt.Errorf("cgroup %s is outside this process's cgroup namespace", dir)
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -28,7 +28,7 @@ import (
 // the pause reported is the freeze's, not the copy's.
 func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	defer s.trim.begin()() // a checkpoint follows: no tight memory limit now
-	warmCgroupAttach(ctx)  // and its move's helper joins the task's memory cgroup
+	warmForMove(ctx)       // and its move's helper joins the task's memory cgroup
 	if st, err := s.stateOf(ctx, r.ID); err == nil && consolidationDue(st) {
 		if ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil && ts.Status == tasktypes.Status_RUNNING {
 			s.prepareConsolidation(ctx, st)

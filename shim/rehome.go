@@ -81,7 +81,7 @@ func (s *Service) rehomeEnabled(st *containerState, mode madvguard.Mode, guard b
 func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initPID int, mode madvguard.Mode, guard bool) (res rehomeResult, retErr error) {
 	t0 := time.Now()
 	defer func() { res.Duration = time.Since(t0) }()
-	warmCgroupAttach(ctx) // again: the pause's may have passed since
+	warmForMove(ctx) // again: the pause's may have passed since
 	if st.View == "" {
 		return res, fmt.Errorf("container %s has no memory view (created by an older shim): %w", st.ID, errdefs.ErrFailedPrecondition)
 	}

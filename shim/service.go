@@ -540,7 +540,9 @@ func (s *Service) watchOOM(ctx context.Context, id string, cg any) {
 // Checkpoint dumps the task with runc (leave-running unless runc's options say
 // exit), then rewrites the image so its private anonymous memory lives in the
 // family's memory files. The rewrite is atomic: on error the image directory
-// holds runc's plain image, untouched, and the error says so.
+// holds runc's plain image, untouched, and the error says so. (A move refused
+// before a dump held at a gate leaves what runc writes before CRIU starts:
+// descriptors.json.)
 func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
 	defer s.trim.begin()()
 	if r.Path == "" {
@@ -627,23 +629,21 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return done
 	})
 	defer func() { <-freeReplaced() }()
-	// A moving checkpoint starts runc now, held back before CRIU until the
-	// move is over (dumpgate.go): its start-up leaves the pause.
+	// A later move (a delta) starts runc now, held back before CRIU until
+	// the move is over (dumpgate.go): its start-up leaves the pause.
 	var gate *dumpGate
 	var early chan error // the held-back runc checkpoint's result, until taken
 	defer func() {
 		if gate == nil {
 			return
 		}
-		if early != nil { // returned before the dump: runc goes, CRIU never ran
-			if err := gate.open(false); err != nil {
-				log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: call off a held-back dump")
-			}
+		if early != nil { // returned before the dump: runc ends, CRIU never ran
+			gate.open(false)
 			<-early
 		}
 		gate.remove()
 	}()
-	if move {
+	if move && len(st.MovedFiles) > 0 && !opts.GetExit() {
 		if g, ok, err := closeDumpGate(r.ID); err != nil {
 			log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: runc checkpoint starts after the move")
 		} else if ok {
@@ -708,11 +708,15 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	t1 := time.Now()
 	if early != nil {
-		if gerr := gate.open(true); gerr != nil {
-			log.G(ctx).WithError(gerr).WithField("id", r.ID).Warn("lazyfork: open a dump gate (the dump ends before CRIU)")
-		}
+		_, gerr := gate.open(true)
 		err = <-early
 		early = nil
+		if !gate.wentOn() {
+			// Called off (the move outlasted gateMaxHold) or the gate
+			// failed: that runc ended before CRIU; this one dumps.
+			log.G(ctx).WithError(gerr).WithField("id", r.ID).Warn("lazyfork: the held-back dump was called off: runc runs again")
+			_, err = s.TTRPCTaskService.Checkpoint(ctx, r)
+		}
 	} else {
 		_, err = s.TTRPCTaskService.Checkpoint(ctx, r)
 	}
@@ -793,7 +797,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
 		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
-		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "dump_gated": gate != nil, "until_thaw": tThawed,
+		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "dump_gated": gate != nil && gate.wentOn(), "until_thaw": tThawed,
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
 }

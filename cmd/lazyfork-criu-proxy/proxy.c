@@ -233,8 +233,8 @@ static size_t cached_answer(unsigned char *out, size_t max)
  * CRIU's start at this gate: the file LAZYFORK_CRIU_GATE + the container's
  * id (runc's last argument; its command is `checkpoint`), locked by the shim.
  * The dump goes on once the shim has written "go" and unlocked; anything
- * else (the move failed, the shim went away) ends it here, CRIU not run.
- * No such file: no gate. */
+ * else (the move failed, the shim went away, the file is no regular file)
+ * ends it here, CRIU not run. No such file: no gate. */
 static void wait_at_gate(void)
 {
 	const char *prefix = getenv("LAZYFORK_CRIU_GATE");
@@ -247,11 +247,11 @@ static void wait_at_gate(void)
 	if (fd < 0)
 		return;
 	ssize_t n = 0, m;
-	while (n < (ssize_t)sizeof cmdline - 1 && (m = read(fd, cmdline + n, sizeof cmdline - 1 - n)) > 0)
+	while (n < (ssize_t)sizeof cmdline && (m = read(fd, cmdline + n, sizeof cmdline - n)) > 0)
 		n += m;
 	close(fd);
-	if (n <= 0 || cmdline[n - 1] != '\0')
-		return;
+	if (n <= 0 || n == (ssize_t)sizeof cmdline || cmdline[n - 1] != '\0')
+		return; /* none, or longer than any runc checkpoint's */
 	const char *id = NULL;
 	int checkpoint = 0;
 	for (const char *a = cmdline; a < cmdline + n; a += strlen(a) + 1) {
@@ -262,17 +262,22 @@ static void wait_at_gate(void)
 	if (!checkpoint || !id[0] || id[0] == '.' || strchr(id, '/') ||
 	    snprintf(path, sizeof path, "%s%s", prefix, id) >= (int)sizeof path)
 		return;
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0)
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0 && errno == ENOENT)
 		return;
-	int r;
-	do
-		r = flock(fd, LOCK_SH);
-	while (r < 0 && errno == EINTR);
-	do
-		n = pread(fd, state, sizeof state, 0);
-	while (n < 0 && errno == EINTR);
-	close(fd);
+	struct stat st;
+	int r = -1;
+	n = -1;
+	if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+		do
+			r = flock(fd, LOCK_SH);
+		while (r < 0 && errno == EINTR);
+		do
+			n = pread(fd, state, sizeof state, 0);
+		while (n < 0 && errno == EINTR);
+	}
+	if (fd >= 0)
+		close(fd);
 	if (r == 0 && n == 2 && memcmp(state, "go", 2) == 0)
 		return;
 	fprintf(stderr, "lazyfork criu proxy: the shim called off the dump of %s (its move onto the "
@@ -298,10 +303,8 @@ static void criu_main(int argc, char **argv)
 	sl = sizeof dom;
 	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &sl) || dom != AF_UNIX)
 		return;
-	if (fd == 3) {
-		wait_at_gate();
+	if (fd == 3)
 		return; /* runc's own request (above): the real CRIU, now */
-	}
 	/* go-criu writes the VERSION request as soon as CRIU starts. One not
 	 * there yet is left to the real CRIU, as without us. */
 	struct pollfd pfd = {.fd = fd, .events = POLLIN};
@@ -970,6 +973,7 @@ int main(int argc, char **argv)
 	self_name = b ? b + 1 : argv[0] ? argv[0] : "";
 	if (strcmp(self_name, "criu") == 0) {
 		criu_main(argc, argv);
+		wait_at_gate(); /* whatever the socket: CRIU never starts past a closed gate */
 		exec_real("LAZYFORK_CRIU_REAL", "criu", argv);
 	}
 	if (strcmp(self_name, "tar") == 0) {

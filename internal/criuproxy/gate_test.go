@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,8 +25,15 @@ type gateRun struct {
 	started string // the fake real CRIU creates it when it starts
 }
 
-// startGateRun starts the stand-in with args and sends req.
+// startGateRun starts the stand-in with args and sends req, the proxy
+// run as `criu swrk 3` (runc's own requests).
 func startGateRun(t *testing.T, criu, gatePrefix string, req []byte, args ...string) *gateRun {
+	t.Helper()
+	return startGateRunFD(t, criu, 3, gatePrefix, req, args...)
+}
+
+// startGateRunFD is startGateRun with the socket at fd.
+func startGateRunFD(t *testing.T, criu string, fd int, gatePrefix string, req []byte, args ...string) *gateRun {
 	t.Helper()
 	dir := t.TempDir()
 	started := filepath.Join(dir, "started")
@@ -33,7 +42,7 @@ func startGateRun(t *testing.T, criu, gatePrefix string, req []byte, args ...str
 		t.Fatal(err)
 	}
 	runc := filepath.Join(dir, "runc")
-	if err := os.WriteFile(runc, []byte("#!/bin/sh\n\"$PROXY\" swrk 3\nexit $?\n"), 0o755); err != nil {
+	if err := os.WriteFile(runc, []byte("#!/bin/sh\n\"$PROXY\" swrk "+strconv.Itoa(fd)+"\nexit $?\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -45,7 +54,15 @@ func startGateRun(t *testing.T, criu, gatePrefix string, req []byte, args ...str
 	cmd := exec.Command(runc, args...)
 	cmd.Env = append(os.Environ(), answerEnv(t, real, []byte("cached"))...)
 	cmd.Env = append(cmd.Env, "PROXY="+criu, EnvGate+"="+gatePrefix)
-	cmd.ExtraFiles = []*os.File{srv}
+	for len(cmd.ExtraFiles) < fd-3 {
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { null.Close() })
+		cmd.ExtraFiles = append(cmd.ExtraFiles, null)
+	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, srv)
 	cmd.Stderr = &bytes.Buffer{}
 	if _, err := cln.Write(req); err != nil {
 		t.Fatal(err)
@@ -87,6 +104,29 @@ func lockedGate(t *testing.T, prefix, id string) *os.File {
 	return f
 }
 
+// waitBlocked waits until a process waits for the lock of f (a "->" line
+// for its inode in /proc/locks).
+func waitBlocked(t *testing.T, f *os.File) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	ino := ":" + strconv.FormatUint(st.Ino, 10) + " "
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile("/proc/locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "->") && strings.Contains(l, ino) {
+				return
+			}
+		}
+	}
+	t.Fatal("nothing waited at the gate")
+}
+
 // openGate writes state into the gate and unlocks it, as the shim does.
 func openGate(t *testing.T, f *os.File, state string) {
 	t.Helper()
@@ -112,6 +152,7 @@ func TestProxyDumpGate(t *testing.T) {
 	t.Run("go", func(t *testing.T) {
 		gate := lockedGate(t, prefix, "ctr-go")
 		run := startGateRun(t, criu, prefix, dump, "--root", "/r", "checkpoint", "--image-path", "/i", "ctr-go")
+		waitBlocked(t, gate)
 		time.Sleep(hold)
 		if run.criuStarted() {
 			t.Fatal("CRIU started while the gate was closed")
@@ -124,6 +165,7 @@ func TestProxyDumpGate(t *testing.T) {
 	t.Run("abort", func(t *testing.T) {
 		gate := lockedGate(t, prefix, "ctr-abort")
 		run := startGateRun(t, criu, prefix, dump, "checkpoint", "ctr-abort")
+		waitBlocked(t, gate)
 		openGate(t, gate, "abort")
 		if got, err := run.answer(); err == nil || got != "" || run.criuStarted() {
 			t.Fatalf("after abort: answer %q, exit %v, CRIU started %v; want no answer, a failure and no CRIU", got, err, run.criuStarted())
@@ -132,9 +174,43 @@ func TestProxyDumpGate(t *testing.T) {
 	t.Run("shim gone", func(t *testing.T) {
 		gate := lockedGate(t, prefix, "ctr-gone")
 		run := startGateRun(t, criu, prefix, dump, "checkpoint", "ctr-gone")
+		waitBlocked(t, gate)
 		gate.Close() // the lock goes with the shim, "go" never written
 		if got, err := run.answer(); err == nil || got != "" || run.criuStarted() {
 			t.Fatalf("gate dropped: answer %q, exit %v, CRIU started %v; want no dump", got, err, run.criuStarted())
+		}
+	})
+	t.Run("another socket", func(t *testing.T) {
+		// A dump on a socket other than runc's fd 3 (another runtime's
+		// CRIU client) waits at the gate too.
+		gate := lockedGate(t, prefix, "ctr-fd")
+		run := startGateRunFD(t, criu, 5, prefix, dump, "checkpoint", "ctr-fd")
+		waitBlocked(t, gate)
+		if run.criuStarted() {
+			t.Fatal("CRIU started while the gate was closed")
+		}
+		openGate(t, gate, "go")
+		if got, err := run.answer(); err != nil || got != want {
+			t.Fatalf("after go: %q %v, want the real CRIU's answer", got, err)
+		}
+	})
+	t.Run("version check", func(t *testing.T) {
+		// runc's version check (go-criu's) before a held-back dump is
+		// answered at once, the gate closed.
+		lockedGate(t, prefix, "ctr-version")
+		version := mustMarshal(t, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
+		run := startGateRunFD(t, criu, 4, prefix, version, "checkpoint", "ctr-version")
+		if got, err := run.answer(); err != nil || got != "cached" {
+			t.Fatalf("a version check with the gate closed: %q %v, want the cached answer", got, err)
+		}
+	})
+	t.Run("not a file", func(t *testing.T) {
+		if err := unix.Mkfifo(prefix+"ctr-fifo", 0o600); err != nil {
+			t.Fatal(err)
+		}
+		run := startGateRun(t, criu, prefix, dump, "checkpoint", "ctr-fifo")
+		if got, err := run.answer(); err == nil || got != "" || run.criuStarted() {
+			t.Fatalf("a fifo for a gate: answer %q, exit %v, CRIU started %v; want no dump", got, err, run.criuStarted())
 		}
 	})
 	t.Run("no gate", func(t *testing.T) {
