@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/internal/criuproxy"
@@ -164,4 +167,62 @@ func removeStaleGate(id string) {
 		os.Remove(prefix + id)
 		unlock()
 	}
+}
+
+// earlyDump is a `runc checkpoint` started before its move, its CRIU held at
+// a gate. A nil *earlyDump is none: the dump runs after the move.
+type earlyDump struct {
+	gate   *dumpGate
+	result chan error // runc's result, until taken
+}
+
+// startEarlyDump closes the gate of r's container and starts runc's
+// checkpoint behind it; nil when there are no gates.
+func (s *Service) startEarlyDump(ctx context.Context, r *taskAPI.CheckpointTaskRequest) *earlyDump {
+	g, ok, err := closeDumpGate(r.ID)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: runc checkpoint starts after the move")
+	}
+	if !ok {
+		return nil
+	}
+	d := &earlyDump{gate: g, result: make(chan error, 1)}
+	go func() {
+		_, err := s.TTRPCTaskService.Checkpoint(ctx, r)
+		d.result <- err
+	}()
+	return d
+}
+
+// dump runs r's dump with runc: early's, let go on now, or a new one.
+func (s *Service) dump(ctx context.Context, r *taskAPI.CheckpointTaskRequest, early *earlyDump) error {
+	if early != nil {
+		_, gerr := early.gate.open(true)
+		err := <-early.result
+		early.result = nil
+		if early.gate.wentOn() {
+			return err
+		}
+		// Called off (the move outlasted gateMaxHold) or the gate
+		// failed: that runc ended before CRIU; this one dumps.
+		log.G(ctx).WithError(gerr).WithField("id", r.ID).Warn("lazyfork: the held-back dump was called off: runc runs again")
+	}
+	_, err := s.TTRPCTaskService.Checkpoint(ctx, r)
+	return err
+}
+
+// wentOn reports whether the dump went on at its gate.
+func (d *earlyDump) wentOn() bool { return d != nil && d.gate.wentOn() }
+
+// close ends an early dump whose checkpoint returned before dumping (runc
+// ends, CRIU never ran), waits for runc, and removes the gate.
+func (d *earlyDump) close() {
+	if d == nil {
+		return
+	}
+	if d.result != nil {
+		d.gate.open(false)
+		<-d.result
+	}
+	d.gate.remove()
 }

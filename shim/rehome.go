@@ -37,11 +37,8 @@ type rehomeResult struct {
 	// HelperRun is the helper's run as the shim saw it (start to reply),
 	// of Duration.
 	HelperRun time.Duration
-	// Join is the shim's move of the helper into the container's memory
-	// cgroup, of HelperRun (the helper seizes and plans meanwhile).
-	Join   time.Duration
+	helperRun
 	Helper movehelper.Reply // the helper's own account (calls, timings)
-	Binary string           // the helper's program
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
 	NoNewPrivs []int
@@ -165,7 +162,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		}
 	}
 	tHelper := time.Now()
-	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.Binary, &res.Join)
+	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.helperRun)
 	res.HelperRun = time.Since(tHelper)
 	// Kept if any process maps any of it: a region can fail part way
 	// (chunk by chunk), its first chunks mapped from the file.
@@ -244,15 +241,23 @@ func isFile(path string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
+// helperRun is what the shim sees of a helper's run besides its reply.
+type helperRun struct {
+	Binary string // the helper's program
+	// Join is the shim's move of the helper into the container's memory
+	// cgroup (the helper seizes and plans meanwhile).
+	Join time.Duration
+}
+
 // runRehomeHelper runs the helper through containerd's reaper, inside the
-// container's memory cgroup, and returns its reply; binary and join get its
-// program and how long its move into that cgroup took.
-func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, binary *string, join *time.Duration) (*movehelper.Reply, error) {
+// container's memory cgroup, and returns its reply; run gets its program
+// and how long its move into that cgroup took.
+func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, run *helperRun) (*movehelper.Reply, error) {
 	cmd := exec.Command(s.self, HookArg, "rehome")
 	if helper := filepath.Join(filepath.Dir(s.self), RehomeHelper); isFile(helper) {
 		cmd = exec.Command(helper)
 	}
-	*binary = filepath.Base(cmd.Path)
+	run.Binary = filepath.Base(cmd.Path)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -292,7 +297,7 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehel
 	} else {
 		tJoin := time.Now()
 		err := joinMemoryCgroup(initPID, cmd.Process.Pid)
-		*join = time.Since(tJoin)
+		run.Join = time.Since(tJoin)
 		if err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the processes write their pages themselves; its own copies of small runs are charged to the shim)")
 		}
@@ -609,9 +614,8 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState) 
 		Prepare: true, Freezer: freezer, Pids: pids, HostFile: pf.Path(), HostDir: store.ViewDir(st.View),
 		MemDir: memfile.MountPath, PrepareAbove: consolidateAbove, MaxBytes: maxBytes,
 	}
-	var binary string
-	var join time.Duration
-	reply, err := s.runRehomeHelper(ctx, pid, &req, &binary, &join)
+	var run helperRun
+	reply, err := s.runRehomeHelper(ctx, pid, &req, &run)
 	if err == nil && reply.Err != "" {
 		err = errors.New(reply.Err)
 	}

@@ -631,31 +631,13 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	defer func() { <-freeReplaced() }()
 	// A later move (a delta) starts runc now, held back before CRIU until
 	// the move is over (dumpgate.go): its start-up leaves the pause.
-	var gate *dumpGate
-	var early chan error // the held-back runc checkpoint's result, until taken
-	defer func() {
-		if gate == nil {
-			return
-		}
-		if early != nil { // returned before the dump: runc ends, CRIU never ran
-			gate.open(false)
-			<-early
-		}
-		gate.remove()
-	}()
+	var early *earlyDump
 	if move && len(st.MovedFiles) > 0 && !opts.GetExit() {
-		if g, ok, err := closeDumpGate(r.ID); err != nil {
-			log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: runc checkpoint starts after the move")
-		} else if ok {
-			gate, early = g, make(chan error, 1)
-			go func() {
-				_, err := s.TTRPCTaskService.Checkpoint(ctx, r)
-				early <- err
-			}()
-		}
+		early = s.startEarlyDump(ctx, r)
 	} else {
 		removeStaleGate(r.ID)
 	}
+	defer early.close()
 	if move {
 		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
 		tMove = res.Duration
@@ -707,19 +689,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint of %s: %w", r.ID, err))
 	}
 	t1 := time.Now()
-	if early != nil {
-		_, gerr := gate.open(true)
-		err = <-early
-		early = nil
-		if !gate.wentOn() {
-			// Called off (the move outlasted gateMaxHold) or the gate
-			// failed: that runc ended before CRIU; this one dumps.
-			log.G(ctx).WithError(gerr).WithField("id", r.ID).Warn("lazyfork: the held-back dump was called off: runc runs again")
-			_, err = s.TTRPCTaskService.Checkpoint(ctx, r)
-		}
-	} else {
-		_, err = s.TTRPCTaskService.Checkpoint(ctx, r)
-	}
+	err = s.dump(ctx, r, early)
 	resumeHere() // attaches the supervisor again, then thaws
 	if err != nil {
 		if detached {
@@ -797,7 +767,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
 		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
-		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "dump_gated": gate != nil && gate.wentOn(), "until_thaw": tThawed,
+		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "dump_gated": early.wentOn(), "until_thaw": tThawed,
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
 }
