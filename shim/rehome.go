@@ -409,7 +409,7 @@ func cgroupProcs(dir string) ([]int, error) {
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration, "helper_run": res.HelperRun, "join": res.Join,
-		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "map": res.Helper.Map, "consolidation": res.Helper.Hop, "consolidation_check": res.Helper.HopCheck, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary,
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "map": res.Helper.Map, "map_batched": res.Helper.Batched, "consolidation": res.Helper.Hop, "consolidation_check": res.Helper.HopCheck, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary,
 		"consolidated": res.Helper.Hopped, "consolidated_bytes": res.Helper.HopBytes})
 	if res.Helper.FilterErr != "" {
 		l = l.WithField("guard_filters_unread", res.Helper.FilterErr)

@@ -130,6 +130,7 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 		opts.MemDir = "" // no more splits: written pages stay a delta
 	}
 	var out []VMA
+	var pm *os.File
 	var cur VMA
 	var ok bool // cur qualifies so far
 	var kb, anonKB uint64
@@ -155,7 +156,15 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 				ok = false // clean .data: the file has its bytes already
 			}
 			if patchable && anonKB > 0 && !skip {
-				ps, err := patches(pid, cur)
+				if pm == nil {
+					// One descriptor for every patchable mapping: a
+					// fragmented heap has hundreds.
+					if pm, err = os.Open(fmt.Sprintf("/proc/%d/pagemap", pid)); err != nil {
+						return nil, fmt.Errorf("rehome: process %d: pagemap: %w", pid, err)
+					}
+					defer pm.Close()
+				}
+				ps, err := patches(pm, pid, cur)
 				if err != nil {
 					return nil, err
 				}
@@ -243,16 +252,11 @@ func memFileMapping(l []byte, dir string) bool {
 		bytes.HasPrefix(fs[5], []byte(strings.TrimSuffix(dir, "/")+"/"))
 }
 
-// patches finds the runs of pages v's process wrote inside v, a private
-// mapping of a memory file (anonymous copies: present without the file-page
-// bit, or swapped), joins runs closer than patchGap pages, and then the
-// closest ones until there are at most maxPatches.
-func patches(pid int, v VMA) ([]VMA, error) {
-	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
-	if err != nil {
-		return nil, fmt.Errorf("rehome: process %d: pagemap: %w", pid, err)
-	}
-	defer pm.Close()
+// patches finds the runs of pages v's process (its pagemap pm) wrote
+// inside v, a private mapping of a memory file (anonymous copies: present
+// without the file-page bit, or swapped), joins runs closer than patchGap
+// pages, and then the closest ones until there are at most maxPatches.
+func patches(pm *os.File, pid int, v VMA) ([]VMA, error) {
 	n := v.Len() / pageSize
 	buf := make([]byte, 8*min(n, 1<<16))
 	var runs [][2]uint64 // page indexes [first, end)

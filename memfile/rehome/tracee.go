@@ -151,6 +151,9 @@ type CopyStats struct {
 	// Map is the time Move spent in the mmap calls it injected (one per
 	// VMA and chunk): a patch costs one, however small.
 	Map time.Duration
+	// Batched counts the mmaps that ran in batches (one ptrace round trip
+	// for up to batchMax of them) rather than injected one by one.
+	Batched int
 }
 
 // copyBuffers returns the tracer's copy buffers of window bytes, made once.

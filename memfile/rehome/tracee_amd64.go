@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 	"unsafe"
 
 	"github.com/containerd/errdefs"
@@ -34,6 +33,9 @@ type proc struct {
 
 	injected bool // inj has run an injected call: its registers need restoring
 	dead     bool // the process died under us
+
+	batchAt  uint64 // the batch stub's mapping in the process (0: none yet)
+	batchOff bool   // no batches for this process (set up failed, or SIGTRAP ignored or pending)
 
 	pending map[int]unix.WaitStatus // statuses taken while waiting for another thread (shared by a Tracee's procs)
 }
@@ -791,8 +793,15 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	}
 	var done []VMA
 	var errs []error
+	// The mmaps wait in maps and go in batches (one ptrace round trip for
+	// hundreds of patches), each after the writes of its range; a batch
+	// goes as soon as it maps a chunk's worth, so that the memory held
+	// twice stays about one chunk.
+	maps := mapBatch{chunk: chunk}
+	failed := make([]bool, len(vmas))  // a chunk not moved: the VMA stays split
+	reached := make([]bool, len(vmas)) // every chunk written and its map queued
 vmaLoop:
-	for _, v := range vmas {
+	for vi, v := range vmas {
 		for a := v.Start; a < v.End; a += chunk {
 			b := min(a+chunk, v.End)
 			var err error
@@ -809,26 +818,29 @@ vmaLoop:
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("rehome: process %d: %v moved up to %#x: %w", pid, v, a, err))
+				failed[vi] = true
 				if p.dead {
 					break vmaLoop
 				}
 				continue vmaLoop
 			}
-			off := v.Offset() + int64(a-v.Start)
-			tMap := time.Now()
-			r, err := p.syscall(unix.SYS_MMAP, a, b-a, uint64(v.Prot), uint64(unix.MAP_PRIVATE|unix.MAP_FIXED|v.Flags), uint64(fd), uint64(off))
-			st.Map += time.Since(tMap)
-			if err != nil {
-				errs = append(errs, err)
+			if maps.add(vi, v, a, b) && !maps.flush(p, fd, path, failed, &st, &errs) {
 				break vmaLoop
 			}
-			if e := errno(r); e != nil || uint64(r) != a {
-				errs = append(errs, fmt.Errorf("rehome: process %d: map %s over %#x-%#x of %v at offset %#x: %v (moved up to %#x, the rest is unchanged)",
-					pid, path, a, b, v, off, cmpErr(e, r), a))
+			if failed[vi] {
 				continue vmaLoop
 			}
 		}
-		done = append(done, v)
+		reached[vi] = true
+	}
+	maps.flush(p, fd, path, failed, &st, &errs)
+	for vi, v := range vmas {
+		if reached[vi] && !failed[vi] {
+			done = append(done, v)
+		}
+	}
+	if err := p.dropBatch(); err != nil {
+		errs = append(errs, err)
 	}
 	if passed >= 0 && !p.dead {
 		errs = append(errs, p.close(passed))

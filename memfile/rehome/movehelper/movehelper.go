@@ -87,6 +87,7 @@ type Reply struct {
 	Bytes    int64       `json:"bytes"`              // bytes written into the file
 	ByTracer int64       `json:"byTracer,omitempty"` // of which the helper copied (sameMemoryCgroup, runs under 16 pages, or the process could not write them)
 	Calls    int         `json:"calls"`              // pwrite calls the processes made
+	Batched  int         `json:"batched,omitempty"`  // mmaps run in batches (rehome.CopyStats.Batched)
 	// Where the helper's time went: seizing the tree, planning (reading
 	// smaps and pagemaps), copying and mapping (Move), and installing
 	// guards (Guard); Hop is a consolidation's whole step (its check, its
@@ -238,6 +239,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 				reply.Move += time.Since(t2)
 				reply.Map += cs.Map
 				reply.Calls += cs.Calls
+				reply.Batched += cs.Batched
 				reply.HopBytes += cs.Bytes
 				reply.Hopped += len(done)
 				for _, v := range done {
@@ -304,6 +306,7 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		reply.Move += time.Since(t2)
 		reply.Map += cs.Map
 		reply.Calls += cs.Calls
+		reply.Batched += cs.Batched
 		reply.VMAs += len(done)
 		for _, v := range done {
 			if v.Replaces != "" {

@@ -11,9 +11,11 @@
 //                  expects them flipped) -> "spread N" (pages written)
 //   quit
 // It prints "heap ADDR LEN", "brk ADDR LEN", "spare ADDR LEN" and "ready".
+// HEAPPROG_SIGTRAP=catch installs a SIGTRAP handler, =ignore ignores it.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -88,8 +90,13 @@ static void *reader(void *a) {
 	return NULL;
 }
 
+static void on_trap(int sig) { (void)sig; }
+
 int main(int argc, char **argv) {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;
+	const char *trap = getenv("HEAPPROG_SIGTRAP");
+	if (trap && !strcmp(trap, "catch")) signal(SIGTRAP, on_trap);
+	if (trap && !strcmp(trap, "ignore")) signal(SIGTRAP, SIG_IGN);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	heap_len = mib << 20;
 	heap = malloc(heap_len);
