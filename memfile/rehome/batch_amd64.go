@@ -25,8 +25,8 @@ import (
 // batchCode runs the calls of the table at rbx (batchEntry bytes each: the
 // number, six arguments, the result expected), r12 of them, until one
 // returns anything else, then traps (int3). At the trap rbx points at the
-// entry it stopped at, r12 counts the entries not done and rax holds the
-// last result.
+// entry it stopped at, r12 counts the entries not done (that one included)
+// and rax holds the last result.
 var batchCode = [...]byte{
 	0x4d, 0x85, 0xe4, // loop: test r12, r12
 	0x74, 0x2c, // jz trap
@@ -44,7 +44,15 @@ var batchCode = [...]byte{
 	0x49, 0xff, 0xcc, // dec r12
 	0xeb, 0xcf, // jmp loop
 	0xcc, // trap: int3
+	// A tracer killed at the trap leaves the thread past it, with a
+	// handler for the SIGTRAP it gets then: it spins here rather than run
+	// on into the table.
+	0xeb, 0xfe, // jmp .
 }
+
+// batchTrapEnd is the offset in batchCode right after the int3: the rip
+// of the thread at the trap's stop.
+const batchTrapEnd = 50
 
 const (
 	batchEntry = 64
@@ -61,28 +69,22 @@ type batchCall struct {
 }
 
 // batchUsable reports whether process pid may run a batch: the stub ends
-// in int3, whose SIGTRAP the kernel forces through. A process that ignores
-// SIGTRAP would get its disposition reset to the default by it, and one
-// with a SIGTRAP pending would take that one at the stub instead.
-func batchUsable(pid, tid int) bool {
-	const trap = uint64(1) << (unix.SIGTRAP - 1)
-	for _, f := range []string{fmt.Sprintf("/proc/%d/status", pid), fmt.Sprintf("/proc/%d/task/%d/status", pid, tid)} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return false
-		}
-		for l := range strings.SplitSeq(string(b), "\n") {
-			k, v, ok := strings.Cut(l, ":")
-			if !ok || (k != "SigIgn" && k != "SigPnd" && k != "ShdPnd") {
-				continue
-			}
+// in int3, whose SIGTRAP the kernel forces through, and a process that
+// ignores SIGTRAP would get its disposition reset to the default by it. (A
+// SIGTRAP pending or sent meanwhile is taken at the stub, and sent again
+// after: runBatch.)
+func batchUsable(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "SigIgn:"); ok {
 			m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil || m&trap != 0 {
-				return false
-			}
+			return err == nil && m&(uint64(1)<<(unix.SIGTRAP-1)) == 0
 		}
 	}
-	return true
+	return false
 }
 
 // setupBatch maps the stub into p's process, once. It reports whether
@@ -92,7 +94,7 @@ func (p *proc) setupBatch() (bool, error) {
 	if p.batchAt != 0 || p.batchOff {
 		return p.batchAt != 0, nil
 	}
-	if !batchUsable(p.pid, p.inj) {
+	if !batchUsable(p.pid) {
 		p.batchOff = true
 		return false, nil
 	}
@@ -139,6 +141,13 @@ func (p *proc) runBatch(calls []batchCall) (n int, last int64, err error) {
 	if p.dead {
 		return 0, 0, fmt.Errorf("rehome: process %d is gone", p.pid)
 	}
+	defer func() {
+		if err != nil && !p.dead {
+			// The thread's own registers and mask back, wherever the
+			// batch stopped: the maps it made hold the same bytes.
+			p.restore()
+		}
+	}()
 	table := make([]byte, len(calls)*batchEntry)
 	for i, c := range calls {
 		e := table[i*batchEntry:]
@@ -166,7 +175,8 @@ func (p *proc) runBatch(calls []batchCall) (n int, last int64, err error) {
 	if err := unix.PtraceSetRegs(p.inj, &regs); err != nil {
 		return 0, 0, fmt.Errorf("rehome: process %d: thread %d: set registers: %w", p.pid, p.inj, err)
 	}
-	end := p.batchAt + uint64(len(batchCode))
+	end := p.batchAt + batchTrapEnd
+	strayTrap := false
 	for {
 		if err := unix.PtraceCont(p.inj, 0); err != nil {
 			return 0, 0, fmt.Errorf("rehome: process %d: thread %d: resume: %w", p.pid, p.inj, err)
@@ -187,17 +197,32 @@ func (p *proc) runBatch(calls []batchCall) (n int, last int64, err error) {
 			}
 			continue
 		}
+		// Every signal stop drops its signal: the thread is resumed with
+		// none.
+		sig := ws.StopSignal()
+		if isStopSig(sig) {
+			// Sent meanwhile: the process stops again on Detach.
+			p.stopSig = int(sig)
+			continue
+		}
 		var out unix.PtraceRegs
 		if err := unix.PtraceGetRegs(p.inj, &out); err != nil {
 			return 0, 0, fmt.Errorf("rehome: process %d: thread %d: get registers: %w", p.pid, p.inj, err)
 		}
-		// The signal is dropped: the thread is resumed with none.
-		if ws.StopSignal() != unix.SIGTRAP || out.Rip != end || out.R12 > uint64(len(calls)) {
-			return 0, 0, fmt.Errorf("rehome: process %d: thread %d: signal %v at %#x in a batch", p.pid, p.inj, ws.StopSignal(), out.Rip)
+		if sig == unix.SIGTRAP && out.Rip != end {
+			// Sent to it meanwhile (kill -TRAP): sent again after.
+			strayTrap = true
+			continue
+		}
+		if sig != unix.SIGTRAP || out.R12 > uint64(len(calls)) {
+			return 0, 0, fmt.Errorf("rehome: process %d: thread %d: signal %v at %#x in a batch", p.pid, p.inj, sig, out.Rip)
 		}
 		n = len(calls) - int(out.R12)
 		if err := p.restore(); err != nil {
 			return 0, 0, err
+		}
+		if strayTrap {
+			unix.Tgkill(p.pid, p.inj, unix.SIGTRAP)
 		}
 		return n, int64(out.Rax), nil
 	}

@@ -57,9 +57,17 @@ func execMappings(t *testing.T, pid int) []string {
 // maps for the move, and the process keeps what it wrote, its SIGTRAP
 // handler, and no stub. A process that ignores SIGTRAP (int3's trap would
 // reset that) gets one injected call per patch, with the same result.
+//
+// "kill" sends the process a SIGTRAP while it is seized: a batch takes it
+// at its stub (SIGTRAP is the one signal it leaves unblocked), goes on, and
+// passes it on after.
 func TestPatchMoveBatchesMaps(t *testing.T) {
-	for _, trap := range []string{"catch", "ignore"} {
-		t.Run(trap, func(t *testing.T) {
+	for _, mode := range []string{"catch", "ignore", "kill"} {
+		t.Run(mode, func(t *testing.T) {
+			trap := mode
+			if mode == "kill" {
+				trap = "catch"
+			}
 			t.Setenv("HEAPPROG_SIGTRAP", trap)
 			p := startProg(t, 64)
 			ign0, cgt0 := sigtrapDisposition(t, p.pid)
@@ -88,6 +96,14 @@ func TestPatchMoveBatchesMaps(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
+			if mode == "kill" {
+				p.signalled = true // its handler fails a poll
+				// Pending (no thread takes it while all are in ptrace
+				// stops) until the first batch's thread unblocks it.
+				if err := unix.Kill(p.pid, unix.SIGTRAP); err != nil {
+					t.Fatal(err)
+				}
+			}
 			done, st, err := tr.MoveFile(p.pid, f, f.Name(), vmas, 0)
 			if derr := tr.Detach(); derr != nil {
 				t.Error(derr)
@@ -100,12 +116,19 @@ func TestPatchMoveBatchesMaps(t *testing.T) {
 				t.Fatalf("%d VMAs planned: the spread writes should make one patch per page written", len(vmas))
 			}
 			switch {
-			case trap == "catch" && st.Batched < len(vmas)-1:
+			case mode != "ignore" && st.Batched < len(vmas)-1:
 				t.Errorf("%d of %d maps ran in batches", st.Batched, len(vmas))
 			case trap == "ignore" && st.Batched != 0:
 				t.Errorf("%d maps ran in batches in a process that ignores SIGTRAP", st.Batched)
 			}
 			checkFlips(t, p, flips)
+			if mode == "kill" {
+				// Its handler runs once for it: passed on, neither lost
+				// nor doubled.
+				if l := p.cmdLine("traps"); l != "traps 1" {
+					t.Errorf("heapprog's handler after one SIGTRAP sent during the move: %q", l)
+				}
+			}
 			if ign, cgt := sigtrapDisposition(t, p.pid); ign != ign0 || cgt != cgt0 {
 				t.Errorf("SIGTRAP after the move: ignored %v, caught %v; before: %v, %v", ign, cgt, ign0, cgt0)
 			}

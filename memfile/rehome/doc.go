@@ -60,6 +60,18 @@
 // after any ptrace stop. Processes with seccomp filters are seized with
 // PTRACE_O_SUSPEND_SECCOMP so their filters do not see the injected calls.
 //
+// A move's mmaps (hundreds after spread writes: one per patch) run in
+// batches (batch_amd64.go): the process maps an anonymous r-x stub for the
+// move, the tracer writes a loop and a table of calls into it through
+// /proc/pid/mem, and runs it with PTRACE_CONT to the int3 at its end, every
+// signal but SIGTRAP blocked (a blocked forced SIGTRAP would reset the
+// process's handler). One ptrace round trip maps up to 1024 patches; the
+// loop stops at the first call that does not return its address, which
+// fails that VMA as a single call would. A process that ignores SIGTRAP
+// gets one injected call per map; a SIGTRAP sent meanwhile is taken at the
+// stub and sent again after, a stop signal again on Detach. The stub is
+// unmapped at the end of the move.
+//
 // Remap writes the path into the target over the start of the first
 // readable VMA it converts (already saved in the file, so the mmap brings
 // the bytes back), opens the file, maps each VMA with MAP_PRIVATE|MAP_FIXED

@@ -352,9 +352,10 @@ func (p *proc) resumeToSyscallStop() error {
 			continue
 		case ws.StopSignal() == unix.SIGTRAP|0x80:
 			return nil
-		case int(ws)>>eventShift == unix.PTRACE_EVENT_STOP:
-			// A group stop (SIGSTOP cannot be blocked): carry on, and
-			// stop the process again on Detach.
+		case int(ws)>>eventShift == unix.PTRACE_EVENT_STOP || isStopSig(ws.StopSignal()):
+			// A stop signal (SIGSTOP cannot be blocked), at its
+			// delivery (dropped: resumed with none) or as a group stop:
+			// carry on, and stop the process again on Detach.
 			if isStopSig(ws.StopSignal()) {
 				p.stopSig = int(ws.StopSignal())
 			}
@@ -804,6 +805,12 @@ vmaLoop:
 	for vi, v := range vmas {
 		for a := v.Start; a < v.End; a += chunk {
 			b := min(a+chunk, v.End)
+			if maps.bytes > 0 && maps.bytes+(b-a) > chunk {
+				// Written and not yet mapped: at most one chunk.
+				if !maps.flush(p, fd, path, failed, &st, &errs) {
+					break vmaLoop
+				}
+			}
 			var err error
 			if writeFD < 0 {
 				// The tracer copies all of it: in parallel.

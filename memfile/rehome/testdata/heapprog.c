@@ -11,6 +11,7 @@
 //                  expects them flipped) -> "spread N" (pages written)
 //   quit
 // It prints "heap ADDR LEN", "brk ADDR LEN", "spare ADDR LEN" and "ready".
+//   traps       -> "traps N": the SIGTRAPs its handler took
 // HEAPPROG_SIGTRAP=catch installs a SIGTRAP handler, =ignore ignores it.
 #define _GNU_SOURCE
 #include <errno.h>
@@ -90,7 +91,8 @@ static void *reader(void *a) {
 	return NULL;
 }
 
-static void on_trap(int sig) { (void)sig; }
+static volatile sig_atomic_t traps;
+static void on_trap(int sig) { (void)sig; traps++; }
 
 int main(int argc, char **argv) {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;
@@ -150,6 +152,8 @@ int main(int argc, char **argv) {
 				flips[pg] ^= 1;
 			}
 			printf("spread %lu\n", n);
+		} else if (!strncmp(line, "traps", 5)) {
+			printf("traps %d\n", (int)traps);
 		} else if (!strncmp(line, "quit", 4)) {
 			return 0;
 		}
