@@ -71,6 +71,8 @@
 //	                     whole RCU grace period of their own (cgroup.go, warmCgroupAttach)
 //	LAZYFORK_DUMP_GATE   "off": a moving checkpoint starts runc after the move, not beside
 //	                     it with CRIU held at a gate (dumpgate.go)
+//	LAZYFORK_REHOME_BATCH "off": a move's helper injects its mmaps one by one instead of in
+//	                     batches run by a stub it maps into the process (memfile/rehome)
 //
 // # CRIU's version check and empty tmpfs dumps
 //

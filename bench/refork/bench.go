@@ -115,7 +115,7 @@ func newBench(bin string, cfg config) (_ *bench, retErr error) {
 	if err := memfile.EnsureTmpfs(b.plainDir, 0); err != nil {
 		return nil, err
 	}
-	if b.env, b.lf, err = ctrbench.SetupLazyFork(context.Background(), bin); err != nil {
+	if b.env, b.lf, err = ctrbench.SetupLazyForkWith(context.Background(), bin, harness.Options{Env: b.cfg.stackEnv}); err != nil {
 		return nil, err
 	}
 	b.h, b.root = b.env.H, b.env.Root

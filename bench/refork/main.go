@@ -48,13 +48,21 @@ func main() {
 	keepForks := flag.Bool("keep-forks", false, "keep each call's fork running until the parent's configuration ends (off-mode forks each hold a whole heap file)")
 	modeList := flag.String("modes", strings.Join(modes, ","), "series to run per heap size")
 	out := flag.String("out", "", "results directory (default: bench/results in the source tree)")
+	var stackEnv []string
+	flag.Func("stack-env", "KEY=VALUE for the stack's containerd and shims (repeatable), e.g. LAZYFORK_REHOME_BATCH=off", func(kv string) error {
+		if k, _, ok := strings.Cut(kv, "="); !ok || !strings.HasPrefix(k, "LAZYFORK_") {
+			return fmt.Errorf("want LAZYFORK_NAME=VALUE, not %q", kv)
+		}
+		stackEnv = append(stackEnv, kv)
+		return nil
+	})
 	breakdown := flag.Bool("breakdown", false, "print each call's phases (the shim's move and checkpoint fields) and its fork's memory (VMAs, smaps_rollup, page tables, cgroup memory.stat, kmem and its largest slabs), and the parent's")
 	flag.Parse()
 	if err := selectModes(*modeList); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-refork:", err)
 		os.Exit(2)
 	}
-	cfg := config{calls: *calls, writePages: *writeKiB / 4, totalForks: *totalForks, plainRuns: *plainRuns, firstRuns: *firstRuns, keepForks: *keepForks, breakdown: *breakdown}
+	cfg := config{calls: *calls, writePages: *writeKiB / 4, totalForks: *totalForks, plainRuns: *plainRuns, firstRuns: *firstRuns, keepForks: *keepForks, breakdown: *breakdown, stackEnv: stackEnv}
 	var err error
 	if cfg.heaps, err = sizes(*heaps); err == nil {
 		cfg.totalHeaps, err = sizes(*totalHeaps)
@@ -77,6 +85,7 @@ type config struct {
 	firstRuns         int
 	keepForks         bool
 	breakdown         bool
+	stackEnv          []string // the stack's environment (-stack-env)
 }
 
 // selectModes narrows modes to the comma-separated list, keeping their order.

@@ -54,6 +54,9 @@ var batchCode = [...]byte{
 // of the thread at the trap's stop.
 const batchTrapEnd = 50
 
+// BatchEnv set to "off" turns batches off: every map is injected on its own.
+const BatchEnv = "LAZYFORK_REHOME_BATCH"
+
 const (
 	batchEntry = 64
 	batchMax   = 1024 // calls per run: the table fills 16 pages after the stub's
@@ -94,7 +97,7 @@ func (p *proc) setupBatch() (bool, error) {
 	if p.batchAt != 0 || p.batchOff {
 		return p.batchAt != 0, nil
 	}
-	if !batchUsable(p.pid) {
+	if os.Getenv(BatchEnv) == "off" || !batchUsable(p.pid) {
 		p.batchOff = true
 		return false, nil
 	}
