@@ -49,8 +49,18 @@ var gateMaxHold = time.Second
 var gatePrefix atomic.Value
 
 // gateLocks serializes the gates of one container (two checkpoints of it
-// at once would share the file).
-var gateLocks sync.Map // path -> *sync.Mutex
+// at once would share the file). An entry lives while a checkpoint holds or
+// waits for it: a shim that serves thousands of containers keeps none of
+// the gone ones.
+var (
+	gateLocksMu sync.Mutex
+	gateLocks   = map[string]*gateLock{}
+)
+
+type gateLock struct {
+	mu   sync.Mutex
+	refs int // holders and waiters
+}
 
 // setupGates makes the gate directory in the proxy's cache directory,
 // removes the gates of shims that are gone, and gives this shim's gates a
@@ -154,9 +164,23 @@ func (g *dumpGate) remove() {
 
 // lockGate takes the lock of the gate at path.
 func lockGate(path string) (unlock func()) {
-	mu, _ := gateLocks.LoadOrStore(path, &sync.Mutex{})
-	mu.(*sync.Mutex).Lock()
-	return mu.(*sync.Mutex).Unlock
+	gateLocksMu.Lock()
+	l := gateLocks[path]
+	if l == nil {
+		l = &gateLock{}
+		gateLocks[path] = l
+	}
+	l.refs++
+	gateLocksMu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		gateLocksMu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(gateLocks, path)
+		}
+		gateLocksMu.Unlock()
+	}
 }
 
 // removeStaleGate deletes a gate of id that a killed shim of the same pid

@@ -82,6 +82,12 @@ func TestDumpGate(t *testing.T) {
 	if _, err := os.Stat(prefix + "c1"); !os.IsNotExist(err) {
 		t.Fatalf("the gate is left after remove: %v", err)
 	}
+	gateLocksMu.Lock()
+	kept := len(gateLocks)
+	gateLocksMu.Unlock()
+	if kept != 0 {
+		t.Fatalf("%d gate locks kept after every checkpoint is over", kept)
+	}
 
 	// Held too long: called off; the later "go" decides nothing.
 	old := gateMaxHold
