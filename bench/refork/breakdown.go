@@ -16,7 +16,7 @@ import (
 // the move and of the checkpoint, and, for the call's fork, its memory as the
 // kernel accounts it.
 
-var logField = regexp.MustCompile(`\b(seize|plan|copy_map|map|consolidation|consolidation_check|guard|helper_run|join|writes|vmas|move|dump|until_thaw|wipe_read|duration|pages_kept|pages_moved|rebased|replaced_ranges)=("[^"]*"|\S+)`)
+var logField = regexp.MustCompile(`\b(seize|plan|copy_map|map|map_batched|consolidation|consolidation_check|guard|helper_run|join|writes|vmas|move|dump|until_thaw|wipe_read|duration|pages_kept|pages_moved|rebased|replaced_ranges)=("[^"]*"|\S+)`)
 
 // phases is the shim's account of the last move and checkpoint of id.
 func (b *bench) phases(id string) string {

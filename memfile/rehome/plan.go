@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
-	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -257,32 +257,24 @@ func memFileMapping(l []byte, dir string) bool {
 // without the file-page bit, or swapped), joins runs closer than patchGap
 // pages, and then the closest ones until there are at most maxPatches.
 func patches(pm *os.File, pid int, v VMA) ([]VMA, error) {
-	n := v.Len() / pageSize
-	buf := make([]byte, 8*min(n, 1<<16))
+	written, guard, err := scanWritten(pm, v.Start, v.End)
+	if errors.Is(err, errNoScan) {
+		written, guard, err = readWritten(pm, v.Start, v.End)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rehome: process %d: %v: %w", pid, v, err)
+	}
+	if guard {
+		return nil, nil // guard pages: leave the mapping alone
+	}
 	var runs [][2]uint64 // page indexes [first, end)
-	for i := uint64(0); i < n; {
-		k := min(n-i, uint64(len(buf)/8))
-		b := buf[:k*8]
-		if _, err := pm.ReadAt(b, int64((v.Start/pageSize+i)*8)); err != nil {
-			return nil, fmt.Errorf("rehome: process %d: pagemap of %v: %w", pid, v, err)
+	for _, w := range written {
+		first, last := (w[0]-v.Start)/pageSize, (w[1]-v.Start)/pageSize
+		if len(runs) > 0 && first-runs[len(runs)-1][1] < patchGap {
+			runs[len(runs)-1][1] = last
+		} else {
+			runs = append(runs, [2]uint64{first, last})
 		}
-		for j := uint64(0); j < k; j++ {
-			e := binary.LittleEndian.Uint64(b[j*8:])
-			if e&pmGuard != 0 {
-				return nil, nil // guard pages: leave the mapping alone
-			}
-			written := e&pmSwapped != 0 || e&pmPresent != 0 && e&pmFilePage == 0
-			if !written {
-				continue
-			}
-			page := i + j
-			if len(runs) > 0 && page-runs[len(runs)-1][1] < patchGap {
-				runs[len(runs)-1][1] = page + 1
-			} else {
-				runs = append(runs, [2]uint64{page, page + 1})
-			}
-		}
-		i += k
 	}
 	if len(runs) > maxPatches {
 		// The largest runs; joining distant ones would copy the clean
