@@ -231,11 +231,19 @@ func (p *proc) runBatch(calls []batchCall) (n int, last int64, err error) {
 	}
 }
 
-// mapBatch holds a move's mmaps until a batch runs them.
+// mapBatch holds a move's mmaps of fd (path in process p) until a batch
+// runs them, and keeps their outcome in the move's failed, st and errs.
 type mapBatch struct {
+	p      *proc
+	fd     int64
+	path   string
+	chunk  uint64 // the move's chunk: run once the queue maps that many bytes
+	failed []bool // by the move's VMA index
+	st     *CopyStats
+	errs   *[]error
+
 	entries []mapEntry
 	bytes   uint64
-	chunk   uint64 // the move's chunk: run once the queue maps that many bytes
 }
 
 type mapEntry struct {
@@ -252,12 +260,13 @@ func (m *mapBatch) add(vi int, v VMA, a, b uint64) bool {
 	return m.bytes >= m.chunk || len(m.entries) >= batchMax
 }
 
-// flush maps the queued ranges from fd (path in the process), in batches
-// when the process can run them and one call each otherwise. A map that
-// fails marks its VMA in failed (the VMA stays split: the chunks before it
-// map the file, the rest is unchanged) and its later entries are skipped.
-// It reports false if the injection failed: every entry not run is failed.
-func (m *mapBatch) flush(p *proc, fd int64, path string, failed []bool, st *CopyStats, errs *[]error) bool {
+// flush maps the queued ranges, in batches when the process can run them
+// and one call each otherwise. A map that fails marks its VMA in failed
+// (the VMA stays split: the chunks before it map the file, the rest is
+// unchanged) and its later entries are skipped. It reports false if the
+// injection failed: every entry not run is failed.
+func (m *mapBatch) flush() bool {
+	p, fd, path, failed, st, errs := m.p, m.fd, m.path, m.failed, m.st, m.errs
 	t0 := time.Now()
 	defer func() { st.Map += time.Since(t0) }()
 	entries := m.entries

@@ -35,7 +35,7 @@ type proc struct {
 	dead     bool // the process died under us
 
 	batchAt  uint64 // the batch stub's mapping in the process (0: none yet)
-	batchOff bool   // no batches for this process (set up failed, or SIGTRAP ignored or pending)
+	batchOff bool   // no batches for this process (switched off, SIGTRAP ignored, or the stub refused)
 
 	pending map[int]unix.WaitStatus // statuses taken while waiting for another thread (shared by a Tracee's procs)
 }
@@ -798,16 +798,16 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	// hundreds of patches), each after the writes of its range; a batch
 	// goes as soon as it maps a chunk's worth, so that the memory held
 	// twice stays about one chunk.
-	maps := mapBatch{chunk: chunk}
 	failed := make([]bool, len(vmas))  // a chunk not moved: the VMA stays split
 	reached := make([]bool, len(vmas)) // every chunk written and its map queued
+	maps := mapBatch{p: p, fd: fd, path: path, chunk: chunk, failed: failed, st: &st, errs: &errs}
 vmaLoop:
 	for vi, v := range vmas {
 		for a := v.Start; a < v.End; a += chunk {
 			b := min(a+chunk, v.End)
 			if maps.bytes > 0 && maps.bytes+(b-a) > chunk {
 				// Written and not yet mapped: at most one chunk.
-				if !maps.flush(p, fd, path, failed, &st, &errs) {
+				if !maps.flush() {
 					break vmaLoop
 				}
 			}
@@ -831,7 +831,7 @@ vmaLoop:
 				}
 				continue vmaLoop
 			}
-			if maps.add(vi, v, a, b) && !maps.flush(p, fd, path, failed, &st, &errs) {
+			if maps.add(vi, v, a, b) && !maps.flush() {
 				break vmaLoop
 			}
 			if failed[vi] {
@@ -840,7 +840,7 @@ vmaLoop:
 		}
 		reached[vi] = true
 	}
-	maps.flush(p, fd, path, failed, &st, &errs)
+	maps.flush()
 	for vi, v := range vmas {
 		if reached[vi] && !failed[vi] {
 			done = append(done, v)
