@@ -60,9 +60,9 @@ type Piece struct {
 // skipFlags, each a VMA with Prepared set and its Pieces, slots 0, 1, 2...
 // It reads /proc/pid/smaps (the process may run).
 func Fragments(pid int, memDir string) ([]VMA, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	b, err := readProc(pid, "smaps", 0)
 	if err != nil {
-		return nil, fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+		return nil, err
 	}
 	var out []VMA
 	var cur VMA // the region being built
@@ -77,33 +77,8 @@ func Fragments(pid int, memDir string) ([]VMA, error) {
 		}
 		cur = VMA{}
 	}
-	for l := range bytes.SplitSeq(b, []byte("\n")) {
-		if rest, found := bytes.CutPrefix(l, []byte("VmFlags:")); found {
-			flags, skip := 0, false
-			for _, fl := range bytes.Fields(rest) {
-				skip = skip || skipFlags[string(fl)]
-				if string(fl) == "nr" {
-					flags |= unix.MAP_NORESERVE
-				}
-			}
-			if !pieceOK || skip {
-				flush()
-				continue
-			}
-			if len(cur.Pieces) > 0 && (cur.End != piece.Start || cur.Prot != hv.Prot || cur.Flags != flags) {
-				flush()
-			}
-			if len(cur.Pieces) == 0 {
-				cur = VMA{Start: piece.Start, Prot: hv.Prot, Flags: flags, Prepared: true, Name: "(consolidated)"}
-			}
-			cur.End = piece.End
-			cur.Pieces = append(cur.Pieces, piece)
-			continue
-		}
-		v, _, isHeader := parseHeader(l)
-		if !isHeader {
-			continue
-		}
+	smapsLines(b, "V", func(l []byte) {
+		v, _, _ := parseHeader(l)
 		hv = v
 		piece, pieceOK = Piece{}, false
 		if memFileMapping(l, memDir) && !strings.HasSuffix(v.Name, " (deleted)") {
@@ -112,7 +87,31 @@ func Fragments(pid int, memDir string) ([]VMA, error) {
 			piece = Piece{Start: v.Start, End: v.End, Offset: v.FileOffset, Dev: string(fs[3]), Inode: ino, Path: v.Name}
 			pieceOK = true
 		}
-	}
+	}, func(l []byte) {
+		rest, found := bytes.CutPrefix(l, []byte("VmFlags:"))
+		if !found {
+			return
+		}
+		flags, skip := 0, false
+		for _, fl := range bytes.Fields(rest) {
+			skip = skip || skipFlags[string(fl)]
+			if string(fl) == "nr" {
+				flags |= unix.MAP_NORESERVE
+			}
+		}
+		if !pieceOK || skip {
+			flush()
+			return
+		}
+		if len(cur.Pieces) > 0 && (cur.End != piece.Start || cur.Prot != hv.Prot || cur.Flags != flags) {
+			flush()
+		}
+		if len(cur.Pieces) == 0 {
+			cur = VMA{Start: piece.Start, Prot: hv.Prot, Flags: flags, Prepared: true, Name: "(consolidated)"}
+		}
+		cur.End = piece.End
+		cur.Pieces = append(cur.Pieces, piece)
+	})
 	flush()
 	return out, nil
 }
@@ -306,28 +305,30 @@ func checkPieces(pid int, ms []mapping, r VMA) error {
 func StillPrepared(pid int, regions []VMA) ([]VMA, error) {
 	// smaps alone (its headers are maps' lines): the container is paused
 	// while thousands of them are read.
-	smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	smaps, err := readProc(pid, "smaps", (Pieces(regions)+256)*smapsBytesPerMapping)
 	if err != nil {
-		return nil, fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+		return nil, err
 	}
 	var flagged [][2]uint64
-	var cur VMA
+	var cur mapping
 	var ms []mapping // smaps' header lines: maps
-	for l := range bytes.SplitSeq(smaps, []byte("\n")) {
+	smapsLines(smaps, "V", func(l []byte) {
 		if m, ok := parseMapping(l); ok {
-			cur = m.VMA
+			cur = m
 			ms = append(ms, m)
-			continue
 		}
-		if rest, found := bytes.CutPrefix(l, []byte("VmFlags:")); found {
-			for _, fl := range bytes.Fields(rest) {
-				if skipFlags[string(fl)] {
-					flagged = append(flagged, [2]uint64{cur.Start, cur.End})
-					break
-				}
+	}, func(l []byte) {
+		rest, found := bytes.CutPrefix(l, []byte("VmFlags:"))
+		if !found {
+			return
+		}
+		for _, fl := range bytes.Fields(rest) {
+			if skipFlags[string(fl)] {
+				flagged = append(flagged, [2]uint64{cur.Start, cur.End})
+				return
 			}
 		}
-	}
+	})
 	var out []VMA
 	for _, r := range regions {
 		if checkPieces(pid, ms, r) != nil {

@@ -262,3 +262,80 @@ func TestStillPrepared(t *testing.T) {
 		}
 	}
 }
+
+// TestConsolidateKeepsGuardPages: a guard page the process installs in a
+// region after its preparation fails that region's consolidation (mapping
+// the region anew would drop the guard), and the process keeps its guard,
+// its writes since the preparation and the rest of its memory.
+func TestConsolidateKeepsGuardPages(t *testing.T) {
+	p, dir, flips := fragment(t)
+	regions, err := Fragments(p.pid, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := os.Create(filepath.Join(dir, "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prepared, _, err := PrepareRegions(regions, dir, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spread(t, p, flips, 31, 5)
+	// A page of the heap none of the spread writes flipped (word 1 of
+	// heap pages, which are not page-aligned: the two it overlaps): its
+	// bytes are the file's when the guard goes.
+	guarded := (p.heap[0] + 200*pageSize) &^ (pageSize - 1)
+	for ; ; guarded += pageSize {
+		pg := (guarded - p.heap[0]) / pageSize
+		if !flips[pg] && !flips[pg+1] && pg%29 > 2 && (pg+1)%29 > 2 {
+			break
+		}
+	}
+	if l := p.cmdLine(fmt.Sprintf("guard %x %x", guarded, pageSize)); l != "guard 0" {
+		t.Skipf("MADV_GUARD_INSTALL on a file mapping: %q (Linux 6.13+)", l)
+	}
+	isGuard := func() bool {
+		pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", p.pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pm.Close()
+		var b [8]byte
+		if _, err := pm.ReadAt(b[:], int64(guarded/pageSize*8)); err != nil {
+			t.Fatal(err)
+		}
+		return binary.LittleEndian.Uint64(b[:])&pmGuard != 0
+	}
+	if !isGuard() {
+		t.Fatal("the guard page installed is not in the pagemap")
+	}
+
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, _, err := tr.MoveFile(p.pid, c, c.Name(), prepared, 0)
+	if derr := tr.Detach(); derr != nil {
+		t.Error(derr)
+	}
+	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "guard") {
+		t.Errorf("consolidation of a region with a guard page: %v; want an error naming the guard", err)
+	}
+	for _, v := range done {
+		if v.Start <= guarded && guarded < v.End {
+			t.Errorf("region %v with the guard page consolidated", v)
+		}
+	}
+	if !isGuard() {
+		t.Error("the guard page was lost")
+	}
+	hdr, _ := smapsEntry(t, p.pid, guarded)
+	t.Logf("guarded page in %s", hdr)
+	if l := p.cmdLine(fmt.Sprintf("unguard %x %x", guarded, pageSize)); l != "unguard 0" {
+		t.Fatalf("MADV_GUARD_REMOVE: %q", l)
+	}
+	checkFlips(t, p, flips)
+}

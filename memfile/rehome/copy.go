@@ -259,14 +259,32 @@ func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn f
 		// .data: the clean pages are the file's bytes, not holes.
 		return fn(start, (end-start)/pageSize)
 	}
+	if v.Prepared {
+		// The slot holds the files' bytes: only the process's own
+		// copies (anonymous pages inside the file mappings) go on top,
+		// the few pages written since the preparation in a region of up
+		// to the whole heap, which the kernel finds faster than a read of
+		// its pagemap.
+		written, guard, err := scanWritten(pm, start, end)
+		if errors.Is(err, errNoScan) {
+			written, guard, err = readWritten(pm, start, end)
+		}
+		switch {
+		case err != nil:
+			return fmt.Errorf("rehome: process %d: %v: %w", pid, v, err)
+		case guard:
+			return guardErr(pid, v)
+		}
+		for _, w := range written {
+			if err := fn(w[0], (w[1]-w[0])/pageSize); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	zero := zeroPFN()
 	held := func(e uint64) bool {
 		return e&pmSwapped != 0 || (e&pmPresent != 0 && (zero == 0 || e&pmPFN != zero))
-	}
-	if v.Prepared {
-		// The slot holds the files' bytes: only the process's own
-		// copies (anonymous pages inside the file mappings) go on top.
-		held = func(e uint64) bool { return e&pmSwapped != 0 || e&pmPresent != 0 && e&pmFilePage == 0 }
 	}
 	for addr := start; addr < end; {
 		n := min((end-addr)/pageSize, uint64(len(pmbuf)/8))
@@ -277,8 +295,7 @@ func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn f
 		for i := uint64(0); i < n; {
 			e := binary.LittleEndian.Uint64(pmb[i*8:])
 			if e&pmGuard != 0 {
-				return fmt.Errorf("rehome: process %d: VMA %v has guard pages (MADV_GUARD_INSTALL), which a file mapping would lose: %w",
-					pid, v, errdefs.ErrNotImplemented)
+				return guardErr(pid, v)
 			}
 			if !held(e) {
 				i++
@@ -300,6 +317,11 @@ func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn f
 		addr += n * pageSize
 	}
 	return nil
+}
+
+func guardErr(pid int, v VMA) error {
+	return fmt.Errorf("rehome: process %d: VMA %v has guard pages (MADV_GUARD_INSTALL), which a file mapping would lose: %w",
+		pid, v, errdefs.ErrNotImplemented)
 }
 
 type copier struct {

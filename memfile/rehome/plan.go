@@ -1,11 +1,11 @@
 package rehome
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -117,11 +117,6 @@ const (
 
 // PlanWith is Plan with options.
 func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
-	if err != nil {
-		return nil, fmt.Errorf("rehome: process %d: %w", pid, errdefs.ErrNotFound)
-	}
-	defer f.Close()
 	execFiles, mappings, err := executableFiles(pid)
 	if err != nil {
 		return nil, err
@@ -129,96 +124,160 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 	if mappings >= maxMappings {
 		opts.MemDir = "" // no more splits: written pages stay a delta
 	}
+	smaps, err := readProc(pid, "smaps", (mappings+16)*smapsBytesPerMapping)
+	if err != nil {
+		return nil, err
+	}
 	var out []VMA
 	var pm *os.File
+	defer func() {
+		if pm != nil {
+			pm.Close()
+		}
+	}()
 	var cur VMA
 	var ok bool // cur qualifies so far
 	var kb, anonKB uint64
 	var patchable bool // cur maps a memory file privately
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		l := sc.Bytes()
-		if rest, found := bytes.CutPrefix(l, []byte("VmFlags:")); found {
-			skip := false
-			for _, fl := range bytes.Fields(rest) {
-				if skipFlags[string(fl)] {
-					ok, skip = false, true
-				}
-				if string(fl) == "wf" && opts.WipeOnFork != nil {
-					opts.WipeOnFork(cur.Start, cur.End)
-				}
-				if string(fl) == "nr" {
-					cur.Flags |= unix.MAP_NORESERVE
-				}
-			}
-			if cur.Whole && anonKB == 0 {
-				ok = false // clean .data: the file has its bytes already
-			}
-			if patchable && anonKB > 0 && !skip {
-				if pm == nil {
-					// One descriptor for every patchable mapping: a
-					// fragmented heap has hundreds.
-					if pm, err = os.Open(fmt.Sprintf("/proc/%d/pagemap", pid)); err != nil {
-						return nil, fmt.Errorf("rehome: process %d: pagemap: %w", pid, err)
-					}
-					defer pm.Close()
-				}
-				ps, err := patches(pm, pid, cur)
-				if err != nil {
-					return nil, err
-				}
-				for _, p := range ps {
-					p.Slot = len(out)
-					out = append(out, p)
-				}
-			}
-			if ok && kb > 0 {
-				cur.Pages = kb * 1024 / pageSize
-				if cur.Whole {
-					cur.Pages = cur.Len() / pageSize
-				}
-				cur.Slot = len(out)
-				out = append(out, cur)
-			}
-			ok = false
-			continue
+	smapsLines(smaps, "VARS", func(l []byte) {
+		v, good, _ := parseHeader(l)
+		cur, ok, kb, anonKB, patchable = v, good, 0, 0, false
+		switch {
+		case good:
+		case opts.MemDir != "" && memFileMapping(l, opts.MemDir):
+			patchable = true
+		case dataMapping(l, execFiles):
+			cur.Whole, ok = true, true
+		}
+	}, func(l []byte) {
+		if err != nil {
+			return
 		}
 		if rest, found := bytes.CutPrefix(l, []byte("Anonymous:")); found {
 			anonKB += parseKB(rest)
-			continue
+			return
 		}
 		if rest, found := bytes.CutPrefix(l, []byte("Rss:")); found {
 			kb += parseKB(rest)
-			continue
+			return
 		}
 		if rest, found := bytes.CutPrefix(l, []byte("Swap:")); found {
 			kb += parseKB(rest)
-			continue
+			return
 		}
-		if v, good, isHeader := parseHeader(l); isHeader {
-			cur, ok, kb, anonKB, patchable = v, good, 0, 0, false
-			switch {
-			case good:
-			case opts.MemDir != "" && memFileMapping(l, opts.MemDir):
-				patchable = true
-			case dataMapping(l, execFiles):
-				cur.Whole, ok = true, true
+		rest, found := bytes.CutPrefix(l, []byte("VmFlags:"))
+		if !found {
+			return
+		}
+		skip := false
+		for _, fl := range bytes.Fields(rest) {
+			if skipFlags[string(fl)] {
+				ok, skip = false, true
+			}
+			if string(fl) == "wf" && opts.WipeOnFork != nil {
+				opts.WipeOnFork(cur.Start, cur.End)
+			}
+			if string(fl) == "nr" {
+				cur.Flags |= unix.MAP_NORESERVE
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("rehome: process %d: smaps: %w", pid, err)
+		if cur.Whole && anonKB == 0 {
+			ok = false // clean .data: the file has its bytes already
+		}
+		if patchable && anonKB > 0 && !skip {
+			if pm == nil {
+				// One descriptor for every patchable mapping: a
+				// fragmented heap has hundreds.
+				if pm, err = os.Open(fmt.Sprintf("/proc/%d/pagemap", pid)); err != nil {
+					err = fmt.Errorf("rehome: process %d: pagemap: %w", pid, err)
+					pm = nil
+					return
+				}
+			}
+			var ps []VMA
+			if ps, err = patches(pm, pid, cur); err != nil {
+				return
+			}
+			for _, p := range ps {
+				p.Slot = len(out)
+				out = append(out, p)
+			}
+		}
+		if ok && kb > 0 {
+			cur.Pages = kb * 1024 / pageSize
+			if cur.Whole {
+				cur.Pages = cur.Len() / pageSize
+			}
+			cur.Slot = len(out)
+			out = append(out, cur)
+		}
+		ok = false
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// readProc reads a /proc file of process pid (maps, smaps) into a buffer of
+// about sizeHint bytes, doubled when short: os.ReadFile grows its buffer
+// from 512 bytes a quarter at a time for a file whose size stat does not
+// tell, and the smaps of a fragmented process (1.7 MB at 2,200 mappings)
+// is read while the container is paused.
+func readProc(pid int, name string, sizeHint int) ([]byte, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/%s", pid, name))
+	if err != nil {
+		return nil, fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+	}
+	defer f.Close()
+	b := make([]byte, 0, max(sizeHint, 64<<10))
+	for {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, cap(b))
+		}
+		n, err := f.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF || err == nil && n == 0 {
+			return b, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("rehome: process %d: %s: %w", pid, name, err)
+		}
+	}
+}
+
+// smapsBytesPerMapping is about what smaps prints for one mapping.
+const smapsBytesPerMapping = 800
+
+// smapsLines calls header for each mapping's header line of smaps (an
+// address in lower-case hex) and field for each of its ~25 field lines
+// (a capital) whose first byte is in fields: a plan or a check reads
+// tens of thousands of lines while the container is paused, most of which
+// it only needs to skip.
+func smapsLines(smaps []byte, fields string, header, field func(l []byte)) {
+	for len(smaps) > 0 {
+		l := smaps
+		if i := bytes.IndexByte(smaps, '\n'); i >= 0 {
+			l, smaps = smaps[:i], smaps[i+1:]
+		} else {
+			smaps = nil
+		}
+		switch {
+		case len(l) == 0:
+		case '0' <= l[0] && l[0] <= '9' || 'a' <= l[0] && l[0] <= 'f':
+			header(l)
+		case strings.IndexByte(fields, l[0]) >= 0:
+			field(l)
+		}
+	}
 }
 
 // executableFiles are the (device, inode) of the files process pid maps
 // executable (a program and its libraries), and how many mappings it has.
 func executableFiles(pid int) (map[string]bool, int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	b, err := readProc(pid, "maps", 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("rehome: process %d: %w", pid, errdefs.ErrNotFound)
+		return nil, 0, err
 	}
 	out := map[string]bool{}
 	n := 0

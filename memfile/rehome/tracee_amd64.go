@@ -866,9 +866,9 @@ func cmpErr(e error, r int64) error {
 // checkVMAs verifies that each VMA is still exactly a mapping of the process
 // with the planned protection.
 func checkVMAs(pid int, vmas []VMA) error {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	b, err := readProc(pid, "maps", 0)
 	if err != nil {
-		return fmt.Errorf("rehome: process %d: %w", pid, errors.Join(err, errdefs.ErrNotFound))
+		return err
 	}
 	cur := parseMappings(b)
 	for _, v := range vmas {

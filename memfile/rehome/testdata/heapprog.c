@@ -8,6 +8,7 @@
 //   mark        -> writes a marker into the first heap page -> "marked"
 //   madv A L    -> madvise(A, L, MADV_DONTNEED) -> "madv 0" or "madv ERRNO"
 //   guard A L   -> madvise(A, L, MADV_GUARD_INSTALL) -> "guard 0" or "guard ERRNO"
+//   unguard A L -> madvise(A, L, MADV_GUARD_REMOVE) -> "unguard 0" or "unguard ERRNO"
 //   spread S O  -> flips word 1 of heap pages O, O+S, O+2S... (verify
 //                  expects them flipped) -> "spread N" (pages written)
 //   quit
@@ -150,6 +151,11 @@ int main(int argc, char **argv) {
 			sscanf(line + 6, "%lx %lx", &a, &l);
 			int r = madvise((void *)a, l, 102 /* MADV_GUARD_INSTALL */);
 			printf("guard %d\n", r ? errno : 0);
+		} else if (!strncmp(line, "unguard ", 8)) {
+			unsigned long a, l;
+			sscanf(line + 8, "%lx %lx", &a, &l);
+			int r = madvise((void *)a, l, 103 /* MADV_GUARD_REMOVE */);
+			printf("unguard %d\n", r ? errno : 0);
 		} else if (!strncmp(line, "spread ", 7)) {
 			unsigned long st, o, n = 0;
 			sscanf(line + 7, "%lu %lu", &st, &o);
