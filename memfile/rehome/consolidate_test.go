@@ -265,7 +265,8 @@ func TestStillPrepared(t *testing.T) {
 
 // TestConsolidateKeepsGuardPages: a guard page the process installs in a
 // region after its preparation fails that region's consolidation (mapping
-// the region anew would drop the guard), and the process keeps its guard,
+// the region anew would drop the guard) before any of it is mapped, though
+// it lies many chunks in, and the process keeps its guard, its mappings,
 // its writes since the preparation and the rest of its memory.
 func TestConsolidateKeepsGuardPages(t *testing.T) {
 	p, dir, flips := fragment(t)
@@ -286,7 +287,7 @@ func TestConsolidateKeepsGuardPages(t *testing.T) {
 	// A page of the heap none of the spread writes flipped (word 1 of
 	// heap pages, which are not page-aligned: the two it overlaps): its
 	// bytes are the file's when the guard goes.
-	guarded := (p.heap[0] + 200*pageSize) &^ (pageSize - 1)
+	guarded := (p.heap[0] + 8<<20) &^ (pageSize - 1)
 	for ; ; guarded += pageSize {
 		pg := (guarded - p.heap[0]) / pageSize
 		if !flips[pg] && !flips[pg+1] && pg%29 > 2 && (pg+1)%29 > 2 {
@@ -294,7 +295,7 @@ func TestConsolidateKeepsGuardPages(t *testing.T) {
 		}
 	}
 	if l := p.cmdLine(fmt.Sprintf("guard %x %x", guarded, pageSize)); l != "guard 0" {
-		t.Skipf("MADV_GUARD_INSTALL on a file mapping: %q (Linux 6.13+)", l)
+		t.Skipf("MADV_GUARD_INSTALL on a file mapping: %q (Linux 6.15+)", l)
 	}
 	isGuard := func() bool {
 		pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", p.pid))
@@ -312,14 +313,19 @@ func TestConsolidateKeepsGuardPages(t *testing.T) {
 		t.Fatal("the guard page installed is not in the pagemap")
 	}
 
+	hs, he := p.heap[0]&^(pageSize-1), p.heap[0]+p.heap[1]
+	before := heapMappings(t, p.pid, hs, he)
 	p.idle()
 	tr, err := Seize("", p.pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	done, _, err := tr.MoveFile(p.pid, c, c.Name(), prepared, 0)
+	done, _, err := tr.MoveFile(p.pid, c, c.Name(), prepared, 1<<20)
 	if derr := tr.Detach(); derr != nil {
 		t.Error(derr)
+	}
+	if after := heapMappings(t, p.pid, hs, he); after != before {
+		t.Errorf("heap in %d mappings after a consolidation refused for a guard page, was %d", after, before)
 	}
 	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "guard") {
 		t.Errorf("consolidation of a region with a guard page: %v; want an error naming the guard", err)

@@ -2,6 +2,7 @@ package rehome
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -251,9 +252,10 @@ func readFaultPFN(m []byte) uint64 {
 //go:noinline
 func readByte(p *byte) byte { return *p }
 
-// heldRuns calls fn for each run of pages of v in [start, end) that hold
-// data: present (other than the zero page) or swapped; every page of a
-// Whole VMA.
+// heldRuns calls fn, in address order, for each run of pages of v in
+// [start, end) that hold data: present (other than the zero page) or
+// swapped; every page of a Whole VMA; of a Prepared one, the pages its
+// process wrote since the preparation (the zero page included).
 func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn func(addr, n uint64) error) error {
 	if v.Whole {
 		// .data: the clean pages are the file's bytes, not holes.
@@ -261,22 +263,21 @@ func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn f
 	}
 	if v.Prepared {
 		// The slot holds the files' bytes: only the process's own
-		// copies (anonymous pages inside the file mappings) go on top,
-		// the few pages written since the preparation in a region of up
-		// to the whole heap, which the kernel finds faster than a read of
-		// its pagemap.
-		written, guard, err := scanWritten(pm, start, end)
-		if errors.Is(err, errNoScan) {
-			written, guard, err = readWritten(pm, start, end)
+		// copies (anonymous pages inside the file mappings) go on top.
+		written := v.written
+		if !v.scanned {
+			var err error
+			if written, err = preparedWritten(pid, pm, v, start, end); err != nil {
+				return err
+			}
 		}
-		switch {
-		case err != nil:
-			return fmt.Errorf("rehome: process %d: %v: %w", pid, v, err)
-		case guard:
-			return guardErr(pid, v)
-		}
-		for _, w := range written {
-			if err := fn(w[0], (w[1]-w[0])/pageSize); err != nil {
+		i, _ := slices.BinarySearchFunc(written, start, func(w [2]uint64, a uint64) int { return cmp.Compare(w[1], a+1) })
+		for _, w := range written[i:] {
+			s, e := max(w[0], start), min(w[1], end)
+			if s >= e {
+				break
+			}
+			if err := fn(s, (e-s)/pageSize); err != nil {
 				return err
 			}
 		}
@@ -317,6 +318,25 @@ func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn f
 		addr += n * pageSize
 	}
 	return nil
+}
+
+// preparedWritten returns the runs of pages in [start, end) of v, a Prepared
+// VMA, that its process wrote since the preparation (a few pages in a
+// region of up to the whole heap, which the kernel finds faster than a read
+// of its pagemap), or an error for a guard page among them: mapping the
+// region anew would drop it.
+func preparedWritten(pid int, pm *os.File, v VMA, start, end uint64) ([][2]uint64, error) {
+	written, guard, err := scanWritten(pm, start, end)
+	if errors.Is(err, errNoScan) {
+		written, guard, err = readWritten(pm, start, end)
+	}
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("rehome: process %d: %v: %w", pid, v, err)
+	case guard:
+		return nil, guardErr(pid, v)
+	}
+	return written, nil
 }
 
 func guardErr(pid int, v VMA) error {

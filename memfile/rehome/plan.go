@@ -50,6 +50,11 @@ type VMA struct {
 	// copies, zeros included) and maps the whole region from the slot.
 	Prepared bool    `json:",omitempty"`
 	Pieces   []Piece `json:",omitempty"`
+	// written holds, once a move scanned a Prepared VMA whole (scanned),
+	// the runs of pages its process wrote: the move's chunks take theirs
+	// from it.
+	written [][2]uint64
+	scanned bool
 }
 
 // Offset is the file offset the VMA's first page maps.
@@ -239,6 +244,9 @@ func readProc(pid int, name string, sizeHint int) ([]byte, error) {
 		b = b[:len(b)+n]
 		if err == io.EOF || err == nil && n == 0 {
 			return b, nil
+		}
+		if errors.Is(err, unix.ESRCH) {
+			err = errors.Join(err, errdefs.ErrNotFound) // gone since the open
 		}
 		if err != nil {
 			return nil, fmt.Errorf("rehome: process %d: %s: %w", pid, name, err)

@@ -803,6 +803,18 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	maps := mapBatch{p: p, fd: fd, path: path, chunk: chunk, failed: failed, st: &st, errs: &errs}
 vmaLoop:
 	for vi, v := range vmas {
+		if v.Prepared {
+			// Scanned whole before its first chunk: a guard page
+			// in a later chunk fails the region before any of it
+			// is mapped, not once it is split.
+			w, err := preparedWritten(pid, pm, v, v.Start, v.End)
+			if err != nil {
+				errs = append(errs, err)
+				failed[vi] = true
+				continue
+			}
+			v.written, v.scanned = w, true
+		}
 		for a := v.Start; a < v.End; a += chunk {
 			b := min(a+chunk, v.End)
 			if maps.bytes > 0 && maps.bytes+(b-a) > chunk {
