@@ -492,7 +492,7 @@ func seccompFilters(t *testing.T, pid uint32) int {
 // TestRehomeSpreadWrites: a parent that writes single pages all over its
 // heap between snapshots gets a mapping per written page at each move (up to
 // 512 per mapping), in it and in every fork restored from its later dumps.
-// Once its moves made 1024 such patches (shim's consolidateAfter), a
+// Once its moves made 768 such patches (shim's consolidateAfter), a
 // consolidation is prepared after the thaw and the next move maps the heap
 // whole again: the parent's mappings fall back, the fork made then has as
 // few, and every copy's heap verifies, the fork made before the

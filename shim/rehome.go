@@ -453,16 +453,17 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // snapshot or fork maps them: a copy of the heap for about 800 bytes of
 // kernel memory per patch per copy (two mappings). So it is a bound, not a
 // routine: once a container's moves made consolidateAfter patches since the
-// last one (4 MiB of single pages written spread over its heap; an
-// interpreter's ~65 patches per call get there after some fifteen forks, a
+// last one (3 MiB of single pages written spread over its heap; an
+// interpreter's ~65 patches per call get there after some twelve forks, a
 // parent whose writes come in runs hardly ever). That holds the parent near
-// 2,000 mappings and each fork's mapping overhead near 0.8 MB, and the
-// pause's per-mapping cost with them (about 30 us a mapping: CRIU's dump,
-// the plan's and the check's smaps): measured with 256 pages written spread
-// per call, 2048 let the pause reach 212-245 ms before the consolidating
-// call, against about 100 ms at a few mappings.
+// 1,600 mappings and each fork's mapping overhead near 0.6 MB, and the
+// pause's per-mapping cost with them (about 40 us a mapping: CRIU's dump,
+// the plan's smaps and the move's mmaps): with 256 pages written spread per
+// call, 2048 let the pause reach 212-245 ms before the consolidating call,
+// and 1024 (four such calls) 191-211 ms, against about 100 ms at a few
+// mappings.
 const (
-	consolidateAfter = 1024
+	consolidateAfter = 768
 	consolidateAbove = 128 // pieces of fragmented regions in one process
 	preparedTTL      = 10 * time.Minute
 )
