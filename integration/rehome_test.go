@@ -296,6 +296,30 @@ func TestRehomeMemoryLimit(t *testing.T) {
 		t.Errorf("no memory file recorded as charged to the parent's cgroup %s: %+v", spec.Linux.CgroupsPath, fams)
 	}
 
+	// A later move refused: the moved parent, written since, has no
+	// headroom left. runc's checkpoint, started beside the move and held
+	// at its gate, ends before CRIU; the fork fails naming the limit, the
+	// parent runs on with its write, and the call leaves no snapshot.
+	snapshots := e.snapshotsLeft(t)
+	usage = memoryUsage(t, ctx, fitsCtr)
+	if err := os.WriteFile(memoryCgroupFile(t, ctx, fitsCtr, "memory.limit_in_bytes", "memory.max"), []byte(strconv.FormatUint(usage+1<<20, 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	fits.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	if _, err := lf.Fork(ctx, fits.id, 1, e.logIO()); err == nil || !strings.Contains(err.Error(), "memory limit") {
+		t.Fatalf("later fork of a moved parent at its memory limit: %v, want a clear error naming the limit", err)
+	}
+	if st, err := fits.task.Status(ctx); err != nil || st.Status != containerd.Running {
+		t.Fatalf("moved parent after the refused snapshot: %v %v", st.Status, err)
+	}
+	fits.waitLine(t, ctx, len(fits.lines(t)), "tick ")
+	if v := fits.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=16384 writes=1" {
+		t.Errorf("moved parent after the refused snapshot: %q", v)
+	}
+	if left := e.snapshotsLeft(t); !slices.Equal(left, snapshots) {
+		t.Errorf("snapshots after the refused call: %q, before it: %q", left, snapshots)
+	}
+
 	full := e.startCounter(t, ctx, img, "full-"+lfRandom(3), 64)
 	fullCtr, err := e.Client().LoadContainer(ctx, full.id)
 	if err != nil {
