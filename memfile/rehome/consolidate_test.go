@@ -117,6 +117,41 @@ func fragment(t *testing.T) (*prog, string, map[uint64]bool) {
 	return p, dir, flips
 }
 
+// fragmentAndPrepare fragments a process (fragment) and prepares the
+// consolidation of its regions into a file c, as the shim does in the
+// pause before a checkpoint, while the process runs.
+func fragmentAndPrepare(t *testing.T) (p *prog, dir string, flips map[uint64]bool, prepared []VMA, c *os.File) {
+	p, dir, flips = fragment(t)
+	regions, err := Fragments(p.pid, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err = os.Create(filepath.Join(dir, "c")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if prepared, _, err = PrepareRegions(regions, dir, c); err != nil {
+		t.Fatal(err)
+	}
+	return p, dir, flips, prepared, c
+}
+
+// consolidate is the checkpoint's move of p's prepared regions from c, in
+// chunks of chunk bytes (0: the default).
+func consolidate(t *testing.T, p *prog, c *os.File, prepared []VMA, chunk uint64) ([]VMA, CopyStats, error) {
+	t.Helper()
+	p.idle()
+	tr, err := Seize("", p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, st, err := tr.MoveFile(p.pid, c, c.Name(), prepared, chunk)
+	if derr := tr.Detach(); derr != nil {
+		t.Error(derr)
+	}
+	return done, st, err
+}
+
 // TestConsolidateSpreadWrites: a heap fragmented by spread writes and their
 // patch moves is put back into one mapping by a consolidation (prepared
 // while the process runs, pages written after the preparation included),
@@ -153,15 +188,7 @@ func TestConsolidateSpreadWrites(t *testing.T) {
 	spread(t, p, flips, 31, 7)
 	spread(t, p, flips, 29, 0)
 
-	p.idle()
-	tr, err := Seize("", p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done, st, err := tr.MoveFile(p.pid, c, c.Name(), prepared, 0)
-	if derr := tr.Detach(); derr != nil {
-		t.Error(derr)
-	}
+	done, st, err := consolidate(t, p, c, prepared, 0)
 	if err != nil || len(done) != len(prepared) {
 		t.Fatalf("consolidating move: %d of %d regions: %v", len(done), len(prepared), err)
 	}
@@ -195,34 +222,13 @@ func TestConsolidateSpreadWrites(t *testing.T) {
 // between the preparation and the move (another move patched it) is refused
 // as a whole; the process keeps its mappings and its memory.
 func TestConsolidateRefusesChangedRegion(t *testing.T) {
-	p, dir, flips := fragment(t)
-	regions, err := Fragments(p.pid, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := os.Create(filepath.Join(dir, "c"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	prepared, _, err := PrepareRegions(regions, dir, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, dir, flips, prepared, c := fragmentAndPrepare(t)
 	spread(t, p, flips, 37, 11)
 	patchMove(t, p, dir, "m8")
 	hs, he := p.heap[0]&^(pageSize-1), p.heap[0]+p.heap[1]
 	before := heapMappings(t, p.pid, hs, he)
 
-	p.idle()
-	tr, err := Seize("", p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done, _, err := tr.MoveFile(p.pid, c, c.Name(), prepared, 0)
-	if derr := tr.Detach(); derr != nil {
-		t.Error(derr)
-	}
+	done, _, err := consolidate(t, p, c, prepared, 0)
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || len(done) != 0 {
 		t.Fatalf("move of changed regions: %d done, err %v; want none, failed precondition", len(done), err)
 	}
@@ -269,20 +275,7 @@ func TestStillPrepared(t *testing.T) {
 // it lies many chunks in, and the process keeps its guard, its mappings,
 // its writes since the preparation and the rest of its memory.
 func TestConsolidateKeepsGuardPages(t *testing.T) {
-	p, dir, flips := fragment(t)
-	regions, err := Fragments(p.pid, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := os.Create(filepath.Join(dir, "c"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	prepared, _, err := PrepareRegions(regions, dir, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _, flips, prepared, c := fragmentAndPrepare(t)
 	spread(t, p, flips, 31, 5)
 	// A page of the heap none of the spread writes flipped (word 1 of
 	// heap pages, which are not page-aligned: the two it overlaps): its
@@ -315,15 +308,7 @@ func TestConsolidateKeepsGuardPages(t *testing.T) {
 
 	hs, he := p.heap[0]&^(pageSize-1), p.heap[0]+p.heap[1]
 	before := heapMappings(t, p.pid, hs, he)
-	p.idle()
-	tr, err := Seize("", p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done, _, err := tr.MoveFile(p.pid, c, c.Name(), prepared, 1<<20)
-	if derr := tr.Detach(); derr != nil {
-		t.Error(derr)
-	}
+	done, _, err := consolidate(t, p, c, prepared, 1<<20)
 	if after := heapMappings(t, p.pid, hs, he); after != before {
 		t.Errorf("heap in %d mappings after a consolidation refused for a guard page, was %d", after, before)
 	}
