@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -57,6 +58,7 @@ func scanWritten(pm *os.File, start, end uint64) (runs [][2]uint64, guard bool, 
 			returnMask:    pageIsGuard,
 		}
 		n, _, e := unix.Syscall(unix.SYS_IOCTL, pm.Fd(), pagemapScan, uintptr(unsafe.Pointer(&b.arg)))
+		runtime.KeepAlive(pm) // its descriptor, until the ioctl returned
 		switch {
 		case e == unix.ENOTTY || e == unix.EINVAL:
 			return nil, false, errNoScan
