@@ -122,16 +122,13 @@ const (
 
 // PlanWith is Plan with options.
 func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
-	execFiles, mappings, err := executableFiles(pid)
+	smaps, err := readProc(pid, "smaps", 256<<10)
 	if err != nil {
 		return nil, err
 	}
+	execFiles, mappings := executableFiles(smaps)
 	if mappings >= maxMappings {
 		opts.MemDir = "" // no more splits: written pages stay a delta
-	}
-	smaps, err := readProc(pid, "smaps", (mappings+16)*smapsBytesPerMapping)
-	if err != nil {
-		return nil, err
 	}
 	var out []VMA
 	var pm *os.File
@@ -195,7 +192,6 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 				// fragmented heap has hundreds.
 				if pm, err = os.Open(fmt.Sprintf("/proc/%d/pagemap", pid)); err != nil {
 					err = fmt.Errorf("rehome: process %d: pagemap: %w", pid, err)
-					pm = nil
 					return
 				}
 			}
@@ -258,8 +254,8 @@ func readProc(pid int, name string, sizeHint int) ([]byte, error) {
 const smapsBytesPerMapping = 800
 
 // smapsLines calls header for each mapping's header line of smaps (an
-// address in lower-case hex) and field for each of its ~25 field lines
-// (a capital) whose first byte is in fields: a plan or a check reads
+// address in lower-case hex: a line of maps) and field for each of its ~25
+// field lines (a capital) whose first byte is in fields: a plan or a check reads
 // tens of thousands of lines while the container is paused, most of which
 // it only needs to skip.
 func smapsLines(smaps []byte, fields string, header, field func(l []byte)) {
@@ -280,16 +276,13 @@ func smapsLines(smaps []byte, fields string, header, field func(l []byte)) {
 	}
 }
 
-// executableFiles are the (device, inode) of the files process pid maps
-// executable (a program and its libraries), and how many mappings it has.
-func executableFiles(pid int) (map[string]bool, int, error) {
-	b, err := readProc(pid, "maps", 0)
-	if err != nil {
-		return nil, 0, err
-	}
+// executableFiles are the (device, inode) of the files a process maps
+// executable (a program and its libraries), from its smaps' headers (its
+// maps), and how many mappings it has.
+func executableFiles(smaps []byte) (map[string]bool, int) {
 	out := map[string]bool{}
 	n := 0
-	for l := range bytes.SplitSeq(b, []byte("\n")) {
+	smapsLines(smaps, "", func(l []byte) {
 		fs := bytes.Fields(l)
 		if len(fs) >= 5 {
 			n++
@@ -297,8 +290,8 @@ func executableFiles(pid int) (map[string]bool, int, error) {
 		if len(fs) >= 6 && len(fs[1]) == 4 && fs[1][2] == 'x' && string(fs[4]) != "0" {
 			out[string(fs[3])+" "+string(fs[4])] = true
 		}
-	}
-	return out, n, nil
+	}, nil)
+	return out, n
 }
 
 // dataMapping reports whether a maps line is a program's or library's .data:
