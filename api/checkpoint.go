@@ -47,3 +47,23 @@ func LazyForkCheckpointOptions(a typeurl.Any) (*lazyforkv1.CheckpointOptions, er
 	}
 	return lf, nil
 }
+
+// MarshalSnapshotIntent makes the resources of the task update that tells
+// LazyFork's shim about the snapshot its next Pause begins
+// (lazyforkv1.SnapshotIntent).
+func MarshalSnapshotIntent(in *lazyforkv1.SnapshotIntent) (*types.Any, error) {
+	return typeurl.MarshalAnyToProto(in)
+}
+
+// SnapshotIntentOf reads a task update's resources as a snapshot intent; ok
+// is false for any other update (runc's resources, CRI's).
+func SnapshotIntentOf(a typeurl.Any) (in *lazyforkv1.SnapshotIntent, ok bool, err error) {
+	in = &lazyforkv1.SnapshotIntent{}
+	if a == nil || !typeurl.Is(a, in) {
+		return nil, false, nil
+	}
+	if err := proto.Unmarshal(a.GetValue(), in); err != nil {
+		return nil, true, fmt.Errorf("snapshot intent: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return in, true, nil
+}

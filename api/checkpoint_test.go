@@ -37,3 +37,26 @@ func TestCheckpointOptionsRideInRuncs(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot intent reads back as sent, and no other update reads as one
+// (CRI's and ctr's updates carry runc's resources, which the shim passes on).
+func TestSnapshotIntent(t *testing.T) {
+	a, err := MarshalSnapshotIntent(&lazyforkv1.SnapshotIntent{Forks: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, ok, err := SnapshotIntentOf(a)
+	if err != nil || !ok || in.GetForks() != 100 {
+		t.Fatalf("read back %+v, %v, %v; want 100 forks", in, ok, err)
+	}
+	other, _ := typeurl.MarshalAnyToProto(&runcopts.Options{SystemdCgroup: true})
+	for _, a := range []typeurl.Any{other, nil} {
+		if in, ok, err := SnapshotIntentOf(a); ok || err != nil || in != nil {
+			t.Fatalf("%v read as an intent: %+v, %v, %v", a, in, ok, err)
+		}
+	}
+	a.Value = []byte{0xff}
+	if _, ok, err := SnapshotIntentOf(a); !ok || err == nil {
+		t.Fatalf("a torn intent: ok %v, err %v; want an error", ok, err)
+	}
+}

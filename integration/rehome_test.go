@@ -614,3 +614,78 @@ func TestRehomeSpreadWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestRehomeManyForksConsolidate: a call of many forks tells the shim how
+// many (lazyforkv1.SnapshotIntent, a task update before its pause). Each
+// fork maps the dump's heap, patches and all, so with the parent's patches
+// times the forks past the bound, and the parent holding its files alone,
+// the call consolidates early: in its Pause, the parent running, as at the
+// bound. The forks then map the heap whole, and the replaced pieces are
+// freed, so the copy leaves no second heap on the tmpfs.
+func TestRehomeManyForksConsolidate(t *testing.T) {
+	e, ctx, img := startLFPython(t)
+	lf := e.lfClient()
+	// As in TestRehomeSpreadWrites: each call's move makes 512 patches,
+	// short of the bound (768) for a call of one fork.
+	const heapMiB, perCall, forks = 96, 512, 3
+	id := "manyforks-" + lfRandom(3)
+	_, task := e.run(t, ctx, img, id, []string{"python3", counterPy, strconv.Itoa(heapMiB), "--interval", "0.05",
+		"--writes-per-signal", strconv.Itoa(perCall)})
+	parent := &counter{e: e, id: id, task: task}
+	parent.waitLine(t, ctx, 0, "ready ")
+	parent.waitLine(t, ctx, 0, "tick 3")
+	checkpoint := func() {
+		t.Helper()
+		res, err := lf.Checkpoint(ctx, parent.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lf.RemoveSnapshot(ctx, res.Snapshot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint() // the parent moves onto its memory file
+	moved := mapCount(t, task.Pid())
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	checkpoint() // 512 patches
+	fragmented := mapCount(t, task.Pid())
+	if fragmented-moved < 700 {
+		t.Fatalf("%d spread writes grew the parent from %d to %d mappings: the test no longer fragments it", perCall, moved, fragmented)
+	}
+
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	tmpfsBefore := tmpfsBytes(t, e.Root)
+	logFrom := len(e.Log())
+	res, err := lf.Fork(ctx, parent.id, forks, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	callLog := e.Log()[logFrom:]
+	prepared := strings.Index(callLog, "lazyfork: consolidation prepared")
+	movedAt := strings.Index(callLog, "lazyfork: moved onto memory file")
+	if prepared < 0 || movedAt < prepared {
+		t.Fatalf("a call of %d forks after %d patches: the shim's log does not show a consolidation prepared before its move (prepared at %d, moved at %d)",
+			forks, perCall, prepared, movedAt)
+	}
+	kids := e.forks(res)
+	for _, f := range kids {
+		checkContinues(t, ctx, parent, f)
+		if got := mapCount(t, f.task.Pid()); got > fragmented-700 {
+			t.Errorf("fork %s has %d mappings, the parent had %d fragmented and %d whole: it carries the patches", f.id, got, fragmented, moved)
+		}
+	}
+	if got := mapCount(t, task.Pid()); got > fragmented-700 {
+		t.Errorf("the parent has %d mappings after the call, %d before: its heap was not consolidated", got, fragmented)
+	}
+	// The pieces the copy replaced are freed (nothing but the parent held
+	// them); kept, they would be a second heap.
+	if grew := tmpfsBytes(t, e.Root) - tmpfsBefore; grew > heapMiB<<20/4 {
+		t.Errorf("the consolidating call grew the memory files by %d MiB (heap %d MiB): the replaced pieces were not freed", grew>>20, heapMiB)
+	}
+	want := fmt.Sprintf("verify ok pages=%d writes=%d", heapMiB<<20/4096, 2*perCall)
+	for _, c := range append(kids, parent) {
+		if v := c.signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
+			t.Errorf("%s: %q, want %q", c.id, v, want)
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
+
+	"github.com/lazyfork/lazyfork/api"
 )
 
 // Pause freezes a task with runc's shim. A supervised task is held in its
@@ -29,12 +31,34 @@ import (
 func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	defer s.trim.begin()() // a checkpoint follows: no tight memory limit now
 	warmForMove(ctx)       // and its move's helper joins the task's memory cgroup
-	if st, err := s.stateOf(ctx, r.ID); err == nil && consolidationDue(st) {
-		if ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil && ts.Status == tasktypes.Status_RUNNING {
-			s.prepareConsolidation(ctx, st)
+	if st, err := s.stateOf(ctx, r.ID); err == nil {
+		if due, bound := s.consolidationDue(st); due {
+			if ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil && ts.Status == tasktypes.Status_RUNNING {
+				s.prepareConsolidation(ctx, st, bound)
+			}
 		}
 	}
 	return s.pause(ctx, r)
+}
+
+// Update takes a client's snapshot intent (lazyforkv1.SnapshotIntent: how
+// many forks the snapshot its next Pause begins is for) and touches nothing
+// of the task; any other update (resources, from ctr, nerdctl or CRI) is
+// runc's.
+func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
+	in, ok, err := api.SnapshotIntentOf(r.Resources)
+	if !ok {
+		return s.TTRPCTaskService.Update(ctx, r)
+	}
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	st, err := s.stateOf(ctx, r.ID)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	noteIntent(st.Namespace+"/"+st.ID, int(in.GetForks()))
+	return &ptypes.Empty{}, nil
 }
 
 // pause freezes a task (Pause without the consolidation, for the shim's own

@@ -81,13 +81,71 @@ func (x *CheckpointOptions) GetThawAfterDump() bool {
 	return false
 }
 
+// SnapshotIntent is what a client tells LazyFork's shim before it pauses a
+// task to snapshot it, so that the work the shim does while the task still
+// runs (its Pause comes before the freeze) fits the call.
+//
+// It travels as the resources of a task update (containerd's
+// UpdateTaskRequest.resources is of any type and passed on as is; the client
+// sends it with containerd's task service). LazyFork's shim takes it for the
+// task's next Pause and touches nothing of the task; runc's shim would refuse
+// it (so an older shim costs the caller nothing but the hint).
+type SnapshotIntent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// forks: how many forks the caller restores from the snapshot. Each maps
+	// the task's memory as the dump leaves it: with many, a heap its moves
+	// fragmented is worth consolidating first.
+	Forks         uint32 `protobuf:"varint,1,opt,name=forks,proto3" json:"forks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotIntent) Reset() {
+	*x = SnapshotIntent{}
+	mi := &file_lazyfork_v1_checkpoint_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotIntent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotIntent) ProtoMessage() {}
+
+func (x *SnapshotIntent) ProtoReflect() protoreflect.Message {
+	mi := &file_lazyfork_v1_checkpoint_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotIntent.ProtoReflect.Descriptor instead.
+func (*SnapshotIntent) Descriptor() ([]byte, []int) {
+	return file_lazyfork_v1_checkpoint_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SnapshotIntent) GetForks() uint32 {
+	if x != nil {
+		return x.Forks
+	}
+	return 0
+}
+
 var File_lazyfork_v1_checkpoint_proto protoreflect.FileDescriptor
 
 const file_lazyfork_v1_checkpoint_proto_rawDesc = "" +
 	"\n" +
 	"\x1clazyfork/v1/checkpoint.proto\x12\vlazyfork.v1\"<\n" +
 	"\x11CheckpointOptions\x12'\n" +
-	"\x0fthaw_after_dump\x18\xe8\a \x01(\bR\rthawAfterDumpB;Z9github.com/lazyfork/lazyfork/proto/lazyfork/v1;lazyforkv1b\x06proto3"
+	"\x0fthaw_after_dump\x18\xe8\a \x01(\bR\rthawAfterDump\"&\n" +
+	"\x0eSnapshotIntent\x12\x14\n" +
+	"\x05forks\x18\x01 \x01(\rR\x05forksB;Z9github.com/lazyfork/lazyfork/proto/lazyfork/v1;lazyforkv1b\x06proto3"
 
 var (
 	file_lazyfork_v1_checkpoint_proto_rawDescOnce sync.Once
@@ -101,9 +159,10 @@ func file_lazyfork_v1_checkpoint_proto_rawDescGZIP() []byte {
 	return file_lazyfork_v1_checkpoint_proto_rawDescData
 }
 
-var file_lazyfork_v1_checkpoint_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_lazyfork_v1_checkpoint_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_lazyfork_v1_checkpoint_proto_goTypes = []any{
 	(*CheckpointOptions)(nil), // 0: lazyfork.v1.CheckpointOptions
+	(*SnapshotIntent)(nil),    // 1: lazyfork.v1.SnapshotIntent
 }
 var file_lazyfork_v1_checkpoint_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -124,7 +183,7 @@ func file_lazyfork_v1_checkpoint_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lazyfork_v1_checkpoint_proto_rawDesc), len(file_lazyfork_v1_checkpoint_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
