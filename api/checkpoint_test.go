@@ -5,6 +5,7 @@ import (
 
 	runcopts "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/typeurl/v2"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 )
@@ -50,7 +51,7 @@ func TestSnapshotIntent(t *testing.T) {
 		t.Fatalf("read back %+v, %v, %v; want 100 forks", in, ok, err)
 	}
 	other, _ := typeurl.MarshalAnyToProto(&runcopts.Options{SystemdCgroup: true})
-	for _, a := range []typeurl.Any{other, nil} {
+	for _, a := range []typeurl.Any{other, nil, (*anypb.Any)(nil)} {
 		if in, ok, err := SnapshotIntentOf(a); ok || err != nil || in != nil {
 			t.Fatalf("%v read as an intent: %+v, %v, %v", a, in, ok, err)
 		}

@@ -11,7 +11,8 @@ import (
 // A call of many forks consolidates early only where the copy replaces the
 // pieces: the container alone holds the files it maps. A fork or a kept
 // snapshot holding one of them keeps the pieces, and the copy would stay as
-// one more heap; a holder of an older file the container left does not.
+// one more heap; a holder of an older file the container left (it keeps its
+// own reference until it goes, but maps it no more) does not.
 func TestHeldAlone(t *testing.T) {
 	store, err := memfile.OpenStore(t.TempDir())
 	if err != nil {
@@ -28,6 +29,8 @@ func TestHeldAlone(t *testing.T) {
 		}
 	}
 	st := &containerState{Namespace: "ns", ID: "parent", Family: family}
+	mapped := map[string]bool{"cur" + memfile.FileExt: true, "patch" + memfile.FileExt: true}
+	alone := func() bool { return heldAlone(store, st, func(f string) bool { return mapped[f] }) }
 	ref := func(holder string, files ...string) {
 		t.Helper()
 		for i := range files {
@@ -37,29 +40,37 @@ func TestHeldAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if heldAlone(store, st) {
+	if alone() {
 		t.Fatal("alone on no files: there is nothing to consolidate")
 	}
+	ref(movedHolder("ns", "parent", "old"+memfile.FileExt), "old")
 	ref(movedHolder("ns", "parent", "cur"+memfile.FileExt), "cur")
 	ref(movedHolder("ns", "parent", "patch"+memfile.FileExt), "patch")
-	if !heldAlone(store, st) {
+	if !alone() {
 		t.Fatal("the parent alone holds its files: want alone")
 	}
-	// A fork of an earlier snapshot maps a file the parent no longer does.
+	// A fork of an earlier snapshot holds a file the parent held, but no
+	// longer maps.
 	ref(containerHolder("ns", "early-fork"), "old")
-	// The same parent name in another namespace is another container.
-	ref(containerHolder("other", "parent"), "old")
-	if !heldAlone(store, st) {
+	if !alone() {
 		t.Fatal("holders of a file the parent left count: want alone")
 	}
 	// A snapshot whose image is gone holds nothing.
 	ref(memfile.HolderSnapshot+filepath.Join(t.TempDir(), "gone"), "cur")
-	if !heldAlone(store, st) {
+	if !alone() {
 		t.Fatal("a removed snapshot counts as a holder")
 	}
 	ref(containerHolder("ns", "fork"), "patch")
-	if heldAlone(store, st) {
-		t.Fatal("a fork maps one of the parent's files: want not alone")
+	if alone() {
+		t.Fatal("a fork holds one of the files the parent maps: want not alone")
+	}
+	if err := store.Unref(family, containerHolder("ns", "fork")); err != nil {
+		t.Fatal(err)
+	}
+	// The same name in another namespace is another container.
+	ref(containerHolder("other", "parent"), "cur")
+	if alone() {
+		t.Fatal("a container of the parent's name in another namespace holds a file it maps: want not alone")
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -479,9 +478,10 @@ const (
 	consolidateAfter = 768
 	consolidateAbove = 128 // pieces of fragmented regions in one process
 	preparedTTL      = 10 * time.Minute
-	// intentTTL bounds how long a snapshot intent waits for its Pause (a
-	// client that died in between leaves it to expire).
-	intentTTL = time.Minute
+	// intentTTL bounds how long a snapshot intent waits for its Pause,
+	// which the client sends right after it (a call that failed in between
+	// leaves it to expire).
+	intentTTL = 10 * time.Second
 )
 
 type preparedHop struct {
@@ -587,8 +587,9 @@ func noteIntent(key string, forks int) {
 func (s *Service) consolidationDue(st *containerState) (due, bound bool) {
 	consolidation.Lock()
 	n := moveNotes[st.Namespace+"/"+st.ID]
-	forks := 0
+	forks, pid := 0, 0
 	if n != nil {
+		pid = n.pid
 		if time.Since(n.intentAt) < intentTTL {
 			forks = n.forks
 		}
@@ -604,7 +605,17 @@ func (s *Service) consolidationDue(st *containerState) (due, bound bool) {
 		return false, false
 	}
 	store, err := s.Store()
-	return err == nil && heldAlone(store, st), false
+	if err != nil {
+		return false, false
+	}
+	pids := []int{pid}
+	if freezer, err := freezerCgroup(pid); err == nil {
+		if all, err := cgroupProcs(freezer); err == nil && len(all) > 0 {
+			pids = all
+		}
+	}
+	dir := filepath.Join(store.Root(), st.Family)
+	return heldAlone(store, st, func(file string) bool { return memfile.MappedBy(pids, filepath.Join(dir, file)) }), false
 }
 
 // due: moved since the last preparation, with enough patches (nil: never).
@@ -613,15 +624,17 @@ func (n *moveNote) due() bool { return n != nil && n.moved && n.patches >= conso
 // dueFor: worth consolidating for a call of that many forks, the container
 // holding its files alone. Its patches, counted once per fork, reach the
 // bound, and are enough for its regions to be found fragmented
-// (consolidateAbove pieces: a patch splits a mapping in two).
+// (consolidateAbove pieces: a patch inside a mapping adds two).
 func (n *moveNote) dueFor(forks int) bool {
 	return n != nil && n.moved && forks > 1 && 2*n.patches >= consolidateAbove && n.patches*forks >= consolidateAfter
 }
 
 // heldAlone reports whether the container is the only live holder of every
-// family file it holds: no snapshot and no other container (a fork) holds
-// one, so a consolidation frees the pieces it replaces.
-func heldAlone(store *memfile.Store, st *containerState) bool {
+// family file it holds and still maps (mapsNow: its processes map the file;
+// it keeps its references to the files it left until it goes): no snapshot
+// and no other container (a fork) holds one, so a consolidation frees the
+// pieces it replaces.
+func heldAlone(store *memfile.Store, st *containerState, mapsNow func(file string) bool) bool {
 	holders, err := store.Holders(st.Family)
 	if err != nil {
 		return false
@@ -634,12 +647,25 @@ func heldAlone(store *memfile.Store, st *containerState) bool {
 			}
 		}
 	}
+	if len(mine) == 0 {
+		return false
+	}
+	shared := map[string]bool{}
 	for h, files := range holders {
-		if !st.ownsHolder(h) && slices.ContainsFunc(files, func(f string) bool { return mine[f] }) {
+		if !st.ownsHolder(h) {
+			for _, f := range files {
+				if mine[f] {
+					shared[f] = true
+				}
+			}
+		}
+	}
+	for f := range shared {
+		if mapsNow(f) {
 			return false
 		}
 	}
-	return len(mine) > 0
+	return true
 }
 
 // prepareConsolidation prepares a consolidation for a container whose moves
