@@ -85,10 +85,11 @@ func (c *counter) signal(t *testing.T, ctx context.Context, sig syscall.Signal, 
 	return c.waitLine(t, ctx, skip, prefix)
 }
 
-// startCounter runs counter.py holding heapMiB in a LazyFork container.
-func (e *lfEnv) startCounter(t *testing.T, ctx context.Context, img containerd.Image, id string, heapMiB int) *counter {
+// startCounter runs counter.py holding heapMiB (and its further args) in a
+// LazyFork container.
+func (e *lfEnv) startCounter(t *testing.T, ctx context.Context, img containerd.Image, id string, heapMiB int, args ...string) *counter {
 	t.Helper()
-	_, task := e.run(t, ctx, img, id, []string{"python3", counterPy, strconv.Itoa(heapMiB), "--interval", "0.05"})
+	_, task := e.run(t, ctx, img, id, append([]string{"python3", counterPy, strconv.Itoa(heapMiB), "--interval", "0.05"}, args...))
 	c := &counter{e: e, id: id, task: task}
 	c.waitLine(t, ctx, 0, "ready ")
 	c.waitLine(t, ctx, 0, "tick 3")

@@ -529,12 +529,8 @@ func TestRehomeSpreadWrites(t *testing.T) {
 	// 512 pages 7919 apart in a 96 MiB heap: each an island of its own,
 	// so each call's move makes 512 patches of the heap's mapping.
 	const heapMiB, perCall, calls = 96, 512, 4
-	id := "spread-" + lfRandom(3)
-	_, task := e.run(t, ctx, img, id, []string{"python3", counterPy, strconv.Itoa(heapMiB), "--interval", "0.05",
-		"--writes-per-signal", strconv.Itoa(perCall)})
-	parent := &counter{e: e, id: id, task: task}
-	parent.waitLine(t, ctx, 0, "ready ")
-	parent.waitLine(t, ctx, 0, "tick 3")
+	parent := e.startCounter(t, ctx, img, "spread-"+lfRandom(3), heapMiB, "--writes-per-signal", strconv.Itoa(perCall))
+	task := parent.task
 	fork := func() (*counter, *lfclient.Result) {
 		t.Helper()
 		res, err := lf.Fork(ctx, parent.id, 1, e.logIO(), lfclient.KeepSnapshot())
@@ -628,12 +624,8 @@ func TestRehomeManyForksConsolidate(t *testing.T) {
 	// As in TestRehomeSpreadWrites: each call's move makes 512 patches,
 	// short of the bound (768) for a call of one fork.
 	const heapMiB, perCall, forks = 96, 512, 3
-	id := "manyforks-" + lfRandom(3)
-	_, task := e.run(t, ctx, img, id, []string{"python3", counterPy, strconv.Itoa(heapMiB), "--interval", "0.05",
-		"--writes-per-signal", strconv.Itoa(perCall)})
-	parent := &counter{e: e, id: id, task: task}
-	parent.waitLine(t, ctx, 0, "ready ")
-	parent.waitLine(t, ctx, 0, "tick 3")
+	parent := e.startCounter(t, ctx, img, "manyforks-"+lfRandom(3), heapMiB, "--writes-per-signal", strconv.Itoa(perCall))
+	task := parent.task
 	checkpoint := func() {
 		t.Helper()
 		res, err := lf.Checkpoint(ctx, parent.id)
