@@ -204,10 +204,10 @@ func TestSetupServices(t *testing.T) {
 	if mounts, _ := harness.MountsUnder(s.dir); len(mounts) > 0 {
 		t.Errorf("mounts left: %v", mounts)
 	}
-	for _, h := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/memory"} {
-		if _, err := os.Stat(filepath.Join(h, stack)); err == nil {
-			t.Errorf("cgroup %s left", filepath.Join(h, stack))
-		}
+	// In every hierarchy: runc makes the containers' groups (and their
+	// parents) in cpuset and a hybrid setup's unified one too.
+	if left := harness.CgroupDirs(stack); len(left) > 0 {
+		t.Errorf("cgroups left: %v", left)
 	}
 }
 

@@ -209,10 +209,30 @@ func joinCgroup(rel string) error {
 	return errors.Join(errs...)
 }
 
+// cgroupRoots are the hierarchies a stack's cgroups may be in: those its
+// daemons join, and cpuset and a hybrid setup's unified one, where runc
+// makes the groups of the stack's containers (and their parents) too.
+func cgroupRoots() []string {
+	if isCgroup2(cgroupFS) {
+		return []string{cgroupFS}
+	}
+	ents, err := os.ReadDir(cgroupFS)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, filepath.Join(cgroupFS, e.Name()))
+		}
+	}
+	return out
+}
+
 // removeCgroups removes a stack's cgroups that nothing runs in any more
-// (deepest first); a group still in use stays.
+// (deepest first), in every hierarchy; a group still in use stays.
 func removeCgroups(stack string) {
-	for _, h := range cgroupHierarchies() {
+	for _, h := range cgroupRoots() {
 		base := filepath.Join(h, stack)
 		var dirs []string
 		_ = filepath.WalkDir(base, func(p string, d os.DirEntry, err error) error {
