@@ -155,19 +155,11 @@ func stackCgroup(root string) string {
 // every cgroup v1 hierarchy except cpuset (whose new groups start without CPUs)
 // and the unified one of a hybrid setup.
 func cgroupHierarchies() []string {
-	if isCgroup2(cgroupFS) {
-		return []string{cgroupFS}
-	}
-	ents, err := os.ReadDir(cgroupFS)
-	if err != nil {
-		return nil
-	}
 	var out []string
-	for _, e := range ents {
-		if !e.IsDir() || e.Name() == "unified" || e.Name() == "cpuset" {
-			continue
+	for _, h := range cgroupRoots() {
+		if name := filepath.Base(h); name != "unified" && name != "cpuset" {
+			out = append(out, h)
 		}
-		out = append(out, filepath.Join(cgroupFS, e.Name()))
 	}
 	return out
 }
