@@ -147,7 +147,7 @@ fi
 # 2-core EPYC guest, where a fork's restore spent 3 ms of CRIU's CPU in the
 # dynamic loader. A CRIU of the right version linked otherwise is rebuilt.
 CRIU_STATIC_LIBS=(protobuf-c nl-3 net bsd md uuid)
-criu_lean() { ! has_output 'lib(gnutls|protobuf-c|nl-3)' ldd "$1"; }
+criu_lean() { local IFS='|'; ! has_output "lib(gnutls|${CRIU_STATIC_LIBS[*]})\\.so" ldd "$1"; }
 begin criu
 if has_output "Version: $CRIU_VERSION" "$PREFIX/sbin/criu" --version && criu_lean "$PREFIX/sbin/criu"; then
 	end "$CRIU_VERSION present"
