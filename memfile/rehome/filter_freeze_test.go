@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/internal/freezer"
 	"github.com/lazyfork/lazyfork/internal/testutil"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
@@ -143,7 +144,7 @@ func TestRemapFrozenCgroup(t *testing.T) {
 	cg := freezerCgroup(t, p.pid)
 	ticks, t1, t2 := p.verify()
 	p.idle()
-	if err := setFreezer(cg, true); err != nil {
+	if err := freezer.Set(cg, true); err != nil {
 		t.Fatal(err)
 	}
 	vmas, done := rehome(t, p, cg, filepath.Join(dir, "mem"))
@@ -156,7 +157,7 @@ func TestRemapFrozenCgroup(t *testing.T) {
 		t.Errorf("after Detach the cgroup is %s, want FROZEN", st)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if err := setFreezer(cg, false); err != nil {
+	if err := freezer.Set(cg, false); err != nil {
 		t.Fatal(err)
 	}
 	waitTicks(t, p, ticks, t1, t2)
@@ -222,7 +223,7 @@ func TestRemapTwoProcessesOneFile(t *testing.T) {
 	tb, b1, b2 := b.verify()
 	a.idle()
 	b.idle()
-	if err := setFreezer(cg, true); err != nil {
+	if err := freezer.Set(cg, true); err != nil {
 		t.Fatal(err)
 	}
 	tr, err := Seize(cg, a.pid, b.pid)
@@ -260,7 +261,7 @@ func TestRemapTwoProcessesOneFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d VMAs of 2 processes in %d slots of one file", n, slot)
-	if err := setFreezer(cg, false); err != nil {
+	if err := freezer.Set(cg, false); err != nil {
 		t.Fatal(err)
 	}
 	waitTicks(t, a, ta, a1, a2)

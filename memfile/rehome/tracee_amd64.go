@@ -16,6 +16,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/internal/freezer"
 )
 
 func supported() error { return nil }
@@ -151,7 +153,7 @@ func (t *Tracee) seize(pids []int) (err error) {
 		}
 	}
 	if t.cgroup != "" {
-		if err := setFreezer(t.cgroup, false); err != nil {
+		if err := freezer.Set(t.cgroup, false); err != nil {
 			return err
 		}
 	}
@@ -395,7 +397,7 @@ func (t *Tracee) detach() error {
 		}
 	}
 	if t.cgroup != "" {
-		if err := setFreezer(t.cgroup, true); err != nil {
+		if err := freezer.Set(t.cgroup, true); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -432,7 +434,7 @@ func (t *Tracee) abort() {
 		}
 	}
 	if t.cgroup != "" {
-		setFreezer(t.cgroup, true)
+		freezer.Set(t.cgroup, true)
 	}
 }
 
