@@ -581,10 +581,12 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 // tellSnapshotIntent tells the parent's shim how many forks the snapshot its
 // next Pause begins is for (lazyforkv1.SnapshotIntent): for many, a heap its
 // moves fragmented is consolidated first, while it runs, so that the forks
-// map it whole. Only a hint: a shim that does not take it (runc's refuses the
-// update, changing nothing) costs the call nothing.
-func (c *Client) tellSnapshotIntent(ctx context.Context, id string, forks int) {
-	res, err := api.MarshalSnapshotIntent(&lazyforkv1.SnapshotIntent{Forks: uint32(min(forks, math.MaxUint32))})
+// map it whole. inShim: the call resumes the parent itself, so the shim may
+// freeze it without runc (freeze_in_shim). Only a hint: a shim that does not
+// take it (runc's refuses the update, changing nothing) costs the call
+// nothing.
+func (c *Client) tellSnapshotIntent(ctx context.Context, id string, forks int, inShim bool) {
+	res, err := api.MarshalSnapshotIntent(&lazyforkv1.SnapshotIntent{Forks: uint32(min(forks, math.MaxUint32)), FreezeInShim: inShim})
 	if err == nil {
 		_, err = c.cd.TaskService().Update(ctx, &tasksapi.UpdateTaskRequest{ContainerID: id, Resources: res})
 	}
@@ -632,9 +634,8 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 		if err := o.update(ctx, func(r *opRecord) { r.Paused = true }); err != nil {
 			return err
 		}
-		if cfg.forks > 1 {
-			c.tellSnapshotIntent(ctx, parent.ID(), cfg.forks)
-		}
+		// A parent Stop leaves frozen stays paused as runc's shim sees it.
+		c.tellSnapshotIntent(ctx, parent.ID(), cfg.forks, !cfg.stayPaused)
 		if err := task.Pause(ctx); err != nil {
 			return fmt.Errorf("pause: %w", err)
 		}

@@ -42,9 +42,9 @@ func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 }
 
 // Update takes a client's snapshot intent (lazyforkv1.SnapshotIntent: how
-// many forks the snapshot its next Pause begins is for) and touches nothing
-// of the task; any other update (resources, from ctr, nerdctl or CRI) is
-// runc's.
+// many forks the snapshot its next Pause begins is for, and whether that
+// Pause freezes the task in the shim: inplace.go) and touches nothing of the
+// task; any other update (resources, from ctr, nerdctl or CRI) is runc's.
 func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
 	in, ok, err := api.SnapshotIntentOf(r.Resources)
 	if !ok {
@@ -58,6 +58,9 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 		return nil, errgrpc.ToGRPC(err)
 	}
 	noteIntent(st.Namespace+"/"+st.ID, int(in.GetForks()))
+	if in.GetFreezeInShim() {
+		s.noteFreezeIntent(r.ID)
+	}
 	return &ptypes.Empty{}, nil
 }
 
@@ -67,6 +70,7 @@ func (s *Service) pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 	s.mu.Lock()
 	delete(s.thawed, r.ID)
 	delete(s.frozenAt, r.ID)
+	inShim := s.takeFreezeIntent(r.ID)
 	s.mu.Unlock()
 	freezing := time.Now() // monotonic: the pause is measured on this clock
 	sup := s.supervisorOf(r.ID)
@@ -74,7 +78,15 @@ func (s *Service) pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	resp, err := s.TTRPCTaskService.Pause(ctx, r)
+	resp, frozeHere := &ptypes.Empty{}, false
+	if inShim {
+		// The freeze starts here, not after a runc start.
+		freezing = time.Now()
+		frozeHere, err = s.freezeInShim(ctx, r.ID)
+	}
+	if !frozeHere && err == nil {
+		resp, err = s.TTRPCTaskService.Pause(ctx, r)
+	}
 	if err == nil {
 		s.mu.Lock()
 		s.frozenAt[r.ID] = freezing
@@ -84,15 +96,22 @@ func (s *Service) pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 		if err != nil {
 			sup.unhold(ctx)
 		} else if rerr := sup.release(); rerr != nil {
+			if frozeHere {
+				s.thawInShim(ctx, r.ID)
+			}
 			return nil, errgrpc.ToGRPC(rerr)
 		}
 	}
-	return resp, err
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return resp, nil
 }
 
-// Resume thaws a task with runc's shim, its supervisor attached again first.
-// The Resume that follows a checkpoint which already thawed the task
-// (thawBeforeRewrite) has nothing left to do.
+// Resume thaws a task with runc's shim, its supervisor attached again first,
+// or itself if its Pause froze it in the shim (inplace.go). The Resume that
+// follows a checkpoint which already thawed the task (thawBeforeRewrite) has
+// nothing left to do.
 func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
 	s.mu.Lock()
 	done := s.thawed[r.ID]
@@ -105,6 +124,12 @@ func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	// The supervisor seizes the frozen task before the thaw, so that its
 	// first guarded call is traced.
 	s.supervisorOf(r.ID).attach(ctx)
+	if handled, err := s.thawInShim(ctx, r.ID); handled {
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		return &ptypes.Empty{}, nil
+	}
 	return s.TTRPCTaskService.Resume(ctx, r)
 }
 

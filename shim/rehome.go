@@ -179,7 +179,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	}
 	if err != nil {
 		// The container must be as its pauser left it: frozen.
-		if ferr := freeze(freezer); ferr != nil {
+		if ferr := freezeCgroup(freezer); ferr != nil {
 			err = errors.Join(err, ferr)
 		}
 		return res, err
@@ -213,14 +213,6 @@ func (s *Service) freeReplaced(ctx context.Context, st *containerState, replaced
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("id", st.ID).Warn("lazyfork: free the pages a move replaced")
 	}
-}
-
-// freeze puts a cgroup back in the frozen state (v1 freezer or v2).
-func freeze(dir string) error {
-	if _, err := os.Stat(filepath.Join(dir, "freezer.state")); err == nil {
-		return os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("FROZEN"), 0)
-	}
-	return os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("1"), 0)
 }
 
 // ownsHolder reports whether a holder of the family's files is the

@@ -56,7 +56,14 @@ type Service struct {
 	containers map[string]*container // by container id, guarded by mu
 	thawed     map[string]bool       // tasks thawed by a checkpoint, whose next Resume is done; guarded by mu
 	frozenAt   map[string]time.Time  // when this shim's Pause of each paused task began freezing it (monotonic); guarded by mu
-	oomWatcher oom.Watcher           // for restored tasks, guarded by mu
+	// inPlace holds the freezer cgroup of each task this shim froze itself
+	// for a snapshot (SnapshotIntent.freeze_in_shim; runc's shim sees it
+	// running), until its Resume; guarded by mu.
+	inPlace map[string]string
+	// freezeIntents: when a client asked that a task's next Pause freeze it
+	// in the shim; guarded by mu.
+	freezeIntents map[string]time.Time
+	oomWatcher    oom.Watcher // for restored tasks, guarded by mu
 
 	trim heapTrimmer
 
@@ -100,6 +107,8 @@ func NewService(ctx context.Context, runc taskAPI.TTRPCTaskService, publisher sh
 		containers:       map[string]*container{},
 		thawed:           map[string]bool{},
 		frozenAt:         map[string]time.Time{},
+		inPlace:          map[string]string{},
+		freezeIntents:    map[string]time.Time{},
 	}, nil
 }
 
@@ -575,7 +584,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
+	ts, err := s.State(ctx, &taskAPI.StateRequest{ID: r.ID})
 	if err != nil {
 		return nil, err
 	}
@@ -589,7 +598,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	// CRIU drops MADV_WIPEONFORK: read it from the tree before the dump and,
 	// unless the task is frozen (nothing changes then), after it too.
 	t0 := time.Now()
-	frozen := ts.Status == tasktypes.Status_PAUSED
+	frozen := ts.Status == tasktypes.Status_PAUSED // this shim's State: a freeze of its own too
 	s.mu.Lock()
 	frozenAt := s.frozenAt[r.ID] // a frozen task's last Pause
 	s.mu.Unlock()
@@ -829,6 +838,8 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	delete(s.containers, r.ID)
 	delete(s.thawed, r.ID)
 	delete(s.frozenAt, r.ID)
+	delete(s.inPlace, r.ID)
+	delete(s.freezeIntents, r.ID)
 	var sup *supervisor
 	if c != nil {
 		sup = c.sup
