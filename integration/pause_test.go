@@ -11,6 +11,8 @@ import (
 
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/integration/harness"
@@ -22,8 +24,8 @@ import (
 // lazyforkv1.SnapshotIntent.freeze_in_shim) freezes the task in the shim,
 // without runc, and looks like runc's pause to everyone: the task says
 // PAUSED, its cgroup is frozen (runc's own test of paused), it makes no
-// progress, the paused and resumed events come, a second Pause is refused,
-// and Resume lets it count on. A task killed while so frozen ends. A Pause
+// progress, the paused and resumed events come, a second Pause and an exec
+// are refused, and Resume lets it count on. A task killed while so frozen ends. A Pause
 // without the intent is still runc's.
 func TestSnapshotPauseInShim(t *testing.T) {
 	e := startLF(t, harness.Options{Debug: true})
@@ -106,6 +108,11 @@ func TestSnapshotPauseInShim(t *testing.T) {
 		}
 		if err := c.task.Pause(ctx); err == nil {
 			t.Error("a second Pause of a paused task succeeded")
+		}
+		// An exec would join the frozen cgroup (and the snapshot's dump).
+		if p, err := c.task.Exec(ctx, "probe-"+lfRandom(3), &specs.Process{Args: []string{"true"}, Cwd: "/"}, cio.NullIO); err == nil {
+			p.Delete(ctx, containerd.WithProcessKill)
+			t.Error("an exec into the paused task was made")
 		}
 		if err := c.task.Resume(ctx); err != nil {
 			t.Fatal(err)

@@ -12,7 +12,9 @@ import (
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/runtime"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 
 	"github.com/lazyfork/lazyfork/internal/freezer"
@@ -143,4 +145,14 @@ func (s *Service) thawInShim(ctx context.Context, id string) (handled bool, err 
 	}
 	s.publishAsync(ctx, runtime.TaskResumedEventTopic, &eventstypes.TaskResumed{ContainerID: id})
 	return true, nil
+}
+
+// Exec is runc's shim's, refused while this shim holds the task frozen, as
+// runc's shim refuses it for a task it paused: the exec's runc init would
+// join the frozen cgroup, where the snapshot's dump would find it.
+func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
+	if s.frozenInShim(r.ID) {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrFailedPrecondition, "cannot exec in a paused state (%s is frozen for a snapshot)", r.ID)
+	}
+	return s.TTRPCTaskService.Exec(ctx, r)
 }
