@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 
 	pb "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
@@ -57,5 +58,53 @@ func TestReadLogSlowReader(t *testing.T) {
 	}
 	if got := append(first, rest...); !bytes.Equal(got, want) {
 		t.Errorf("read %d of %d bytes", len(got), len(want))
+	}
+}
+
+// TestReadLogCloseEarly: a reader that stops after its first bytes (lazyfork
+// logs NAME | head, or grep -q) closes the stream without ttrpc logging the
+// chunks still in flight as errors on the user's terminal, and the node
+// stops sending.
+func TestReadLogCloseEarly(t *testing.T) {
+	dir := t.TempDir()
+	logp := filepath.Join(dir, "big.log")
+	if err := os.WriteFile(logp, bytes.Repeat([]byte("0123456789abcdef"), 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	out := log.L.Logger.Out
+	log.L.Logger.SetOutput(&logged)
+	defer log.L.Logger.SetOutput(out)
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb.RegisterNodeService(srv, &Service{N: NewLocal(filepath.Join(dir, "root"))})
+	l, err := net.Listen("unix", filepath.Join(dir, "api.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(context.Background(), l)
+	defer srv.Close()
+	r := NewRemote(filepath.Join(dir, "api.sock"))
+	defer r.Close()
+	for _, follow := range []bool{false, true} {
+		lr, err := r.ReadLog(context.Background(), logp, follow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make([]byte, 100)
+		if _, err := io.ReadFull(lr, first); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		lr.Close()
+		if took := time.Since(t0); took >= closeDrain {
+			t.Errorf("follow %v: Close waited %v: the node did not end the stream", follow, took)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // anything still in flight arrives
+	if bytes.Contains(logged.Bytes(), []byte("inactive stream")) {
+		t.Errorf("closing early logged errors:\n%s", logged.String())
 	}
 }

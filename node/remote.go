@@ -346,12 +346,16 @@ type remoteLog struct {
 	buf    []byte
 	mu     sync.Mutex
 	read   uint32 // chunks read since the last ack
+	ended  bool   // the node ended the stream: nothing more is sent on it
 }
 
 func (l *remoteLog) Read(b []byte) (int, error) {
 	for len(l.buf) == 0 {
 		m, err := l.st.Recv()
 		if err != nil {
+			l.mu.Lock()
+			l.ended = true
+			l.mu.Unlock()
 			if errors.Is(err, io.EOF) || l.ctx.Err() != nil {
 				return 0, io.EOF
 			}
@@ -373,16 +377,38 @@ func (l *remoteLog) Read(b []byte) (int, error) {
 func (l *remoteLog) Finish() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_ = l.st.Send(&pb.ReadLogRequest{Finish: true})
+	if !l.ended {
+		_ = l.st.Send(&pb.ReadLogRequest{Finish: true})
+	}
 }
 
+// Close ends the stream. A reader that stops early (lazyfork logs NAME |
+// head) leaves chunks in flight, up to the node's window: they are read and
+// dropped here until the node, which stops at the close, ends the stream.
+// Left to arrive on a stream already gone, each made ttrpc log an error on
+// the user's terminal ("received message on inactive stream").
 func (l *remoteLog) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.ended {
+		// A close sent now would get the node's "no longer active" back.
+		l.cancel()
+		return nil
+	}
 	_ = l.st.CloseSend()
+	giveUp := time.AfterFunc(closeDrain, l.cancel)
+	for {
+		if _, err := l.st.Recv(); err != nil {
+			break
+		}
+	}
+	giveUp.Stop()
 	l.cancel()
 	return nil
 }
+
+// closeDrain bounds how long Close waits for a node to end its stream.
+const closeDrain = 2 * time.Second
 
 func (r *Remote) Usage(ctx context.Context, pid uint32, cgroup string) (Usage, error) {
 	resp, err := call(r, func(c pb.NodeClient) (*pb.UsageResponse, error) {
