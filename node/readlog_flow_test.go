@@ -29,19 +29,7 @@ func TestReadLogSlowReader(t *testing.T) {
 	if err := os.WriteFile(logp, want, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := ttrpc.NewServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pb.RegisterNodeService(srv, &Service{N: NewLocal(filepath.Join(dir, "root"))})
-	l, err := net.Listen("unix", filepath.Join(dir, "api.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(context.Background(), l)
-	defer srv.Close()
-	r := NewRemote(filepath.Join(dir, "api.sock"))
-	defer r.Close()
+	r := serveNode(t, dir)
 	lr, err := r.ReadLog(context.Background(), logp, false)
 	if err != nil {
 		t.Fatal(err)
@@ -75,19 +63,7 @@ func TestReadLogCloseEarly(t *testing.T) {
 	out := log.L.Logger.Out
 	log.L.Logger.SetOutput(&logged)
 	defer log.L.Logger.SetOutput(out)
-	srv, err := ttrpc.NewServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pb.RegisterNodeService(srv, &Service{N: NewLocal(filepath.Join(dir, "root"))})
-	l, err := net.Listen("unix", filepath.Join(dir, "api.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(context.Background(), l)
-	defer srv.Close()
-	r := NewRemote(filepath.Join(dir, "api.sock"))
-	defer r.Close()
+	r := serveNode(t, dir)
 	for _, follow := range []bool{false, true} {
 		lr, err := r.ReadLog(context.Background(), logp, follow)
 		if err != nil {
@@ -107,4 +83,23 @@ func TestReadLogCloseEarly(t *testing.T) {
 	if bytes.Contains(logged.Bytes(), []byte("inactive stream")) {
 		t.Errorf("closing early logged errors:\n%s", logged.String())
 	}
+}
+
+// serveNode serves a local node's API from dir and returns a client of it.
+func serveNode(t *testing.T, dir string) *Remote {
+	t.Helper()
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb.RegisterNodeService(srv, &Service{N: NewLocal(filepath.Join(dir, "root"))})
+	l, err := net.Listen("unix", filepath.Join(dir, "api.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(context.Background(), l)
+	t.Cleanup(func() { srv.Close() })
+	r := NewRemote(filepath.Join(dir, "api.sock"))
+	t.Cleanup(func() { r.Close() })
+	return r
 }
