@@ -46,6 +46,15 @@ class Heap:
         self.blocks[i][:] = pattern(self.base + i, self.gens[i], BLOCK)
 
 
+def emit(line):
+    # One write(2) a line. The parent and its child share one stdout, and print()
+    # writes the text and its newline separately when stdout is unbuffered
+    # (PYTHONUNBUFFERED=1, python -u): the other process's line then lands in
+    # between, glued to this one, and a reader looking for "child-verify" at the
+    # start of a line misses it.
+    os.write(1, (line + "\n").encode())
+
+
 bad = 0
 bad_lock = threading.Lock()
 want_verify = False
@@ -92,7 +101,7 @@ def child_main(mib):
         if verify[0]:
             verify[0] = False
             b = heap.bad_blocks() + bad
-            print("child-verify ok=%d bad=%d blocks=%d" % (b == 0, b, len(heap.blocks)), flush=True)
+            emit("child-verify ok=%d bad=%d blocks=%d" % (b == 0, b, len(heap.blocks)))
         time.sleep(0.1)
 
 
@@ -112,7 +121,7 @@ def main():
         threading.Thread(target=worker, args=(k + 1,), daemon=True).start()
     signal.signal(signal.SIGUSR1, lambda s, f: globals().__setitem__("want_verify", True))
     signal.signal(signal.SIGUSR2, lambda s, f: globals().__setitem__("want_marker", True))
-    print("ready pid=%d heap=%d blocks=%d child=%d" % (os.getpid(), mib << 20, len(heap.blocks), child), flush=True)
+    emit("ready pid=%d heap=%d blocks=%d child=%d" % (os.getpid(), mib << 20, len(heap.blocks), child))
     rnd = random.Random(7)
     tick = 0
     cursor = 0
@@ -127,14 +136,14 @@ def main():
         if child_alive:
             pid, _ = os.waitpid(child, os.WNOHANG)
             child_alive = pid == 0
-        print("tick %d bad=%d child=%s" % (tick, bad, "alive" if child_alive else "dead"), flush=True)
+        emit("tick %d bad=%d child=%s" % (tick, bad, "alive" if child_alive else "dead"))
         time.sleep(tick_ms / 1000.0)
         if want_marker:
             want_marker = False
             marker_value = rnd.getrandbits(62) | 1
             marker[:8] = marker_value.to_bytes(8, "little")
             heap.rewrite(0)
-            print("marker tick=%d value=%d" % (tick, marker_value), flush=True)
+            emit("marker tick=%d value=%d" % (tick, marker_value))
         if want_verify:
             want_verify = False
             b = heap.bad_blocks() + bad
@@ -142,8 +151,8 @@ def main():
             if seen != marker_value:
                 b += 1
             ok = b == 0 and child_alive
-            print("verify tick=%d ok=%d checked=%d bad=%d marker=%d child=%s" % (
-                tick, ok, len(heap.blocks) * BLOCK, b, seen, "alive" if child_alive else "dead"), flush=True)
+            emit("verify tick=%d ok=%d checked=%d bad=%d marker=%d child=%s" % (
+                tick, ok, len(heap.blocks) * BLOCK, b, seen, "alive" if child_alive else "dead"))
             if child_alive:
                 os.kill(child, signal.SIGUSR1)
 
