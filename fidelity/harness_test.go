@@ -233,8 +233,9 @@ func zeros(n int) []uint64 { return make([]uint64, n) }
 
 // waits says where each thread of pid's process tree is: its state, the
 // kernel function it sleeps in and its system call (arguments included), and
-// its signal masks, and its kernel stack, so that a copy that hangs (the rare restored python child
-// that does not answer) leaves more than a timeout behind.
+// its signal masks, and its kernel stack, so that a copy that hangs leaves more
+// than a timeout behind. (The python child that once seemed to hang here had
+// answered: its line was glued to its parent's, see pyheap's emit.)
 func waits(pid int) string {
 	pids, err := procfs.Tree(pid)
 	if err != nil {
