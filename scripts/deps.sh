@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # deps.sh installs, idempotently, everything LazyFork runs on: Debian packages,
-# CRIU 4.1.1 (built from Debian's trixie source tarball:
+# CRIU 4.1.1 (linking only libc, built from Debian's trixie source tarball:
 # bookworm's 3.17 fails on recent kernels), containerd/ctr v2.4.2, runc v1.5.3
 # (seccomp, static), nerdctl v2.2.1 and the CNI plugins. Each step prints its
 # time and is skipped when already right.
@@ -31,7 +31,7 @@ export GOFLAGS=${GOFLAGS:-}
 APT_PACKAGES=(
 	build-essential pkg-config git ca-certificates xz-utils
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
-	libnl-3-dev libcap-dev libnet1-dev libaio-dev libbsd-dev libgnutls28-dev uuid-dev libdrm-dev
+	libnl-3-dev libcap-dev libnet1-dev libaio-dev libbsd-dev uuid-dev libdrm-dev
 	libseccomp-dev iptables debootstrap dpkg-dev util-linux iproute2 procps
 	libjemalloc2 libjemalloc-dev libmimalloc2.0 libmimalloc-dev xfsprogs
 )
@@ -137,8 +137,19 @@ else
 fi
 
 # --- CRIU ----------------------------------------------------------------------
+# CRIU starts at every fork's restore and every snapshot, and forks itself
+# for each task it restores, so it is built to link nothing but libc: without
+# GnuTLS (NO_GNUTLS=1), which only its TLS page server uses, and with the
+# static archives of its other libraries (protobuf-c, libnl, libnet, libbsd,
+# libmd, libuuid: a directory holding only those, first on the linker's path,
+# given through the environment so that CRIU's own LDFLAGS still apply).
+# `criu --version` takes 5.1-5.8 ms against 9.6 ms linked as before on a
+# 2-core EPYC guest, where a fork's restore spent 3 ms of CRIU's CPU in the
+# dynamic loader. A CRIU of the right version linked otherwise is rebuilt.
+CRIU_STATIC_LIBS=(protobuf-c nl-3 net bsd md uuid)
+criu_lean() { local IFS='|'; ! has_output "lib(gnutls|${CRIU_STATIC_LIBS[*]})\\.so" ldd "$1"; }
 begin criu
-if has_output "Version: $CRIU_VERSION" "$PREFIX/sbin/criu" --version; then
+if has_output "Version: $CRIU_VERSION" "$PREFIX/sbin/criu" --version && criu_lean "$PREFIX/sbin/criu"; then
 	end "$CRIU_VERSION present"
 elif would "build CRIU $CRIU_VERSION"; then
 	:
@@ -163,10 +174,18 @@ else
 		[ -s "$tarball" ] || die "could not download criu_$CRIU_VERSION.orig.tar.xz"
 	fi
 	build=$src/criu-$CRIU_VERSION
-	if [ ! -x "$build/criu/criu" ]; then
+	if [ ! -x "$build/criu/criu" ] || ! criu_lean "$build/criu/criu"; then
 		rm -rf "$build"
 		tar -C "$src" -xf "$tarball" || die "untar CRIU"
-		make -C "$build" -j"$(nproc)" criu >"$src/build.log" 2>&1 || { tail -30 "$src/build.log" >&2; die "make criu"; }
+		libs=$src/static-libs
+		rm -rf "$libs"; mkdir -p "$libs"
+		for l in "${CRIU_STATIC_LIBS[@]}"; do
+			a=$(gcc -print-file-name="lib$l.a")
+			[ -f "$a" ] || die "no lib$l.a (its Debian -dev package installs it)"
+			ln -s "$a" "$libs/"
+		done
+		LDFLAGS=-L$libs make -C "$build" -j"$(nproc)" NO_GNUTLS=1 criu >"$src/build.log" 2>&1 || { tail -30 "$src/build.log" >&2; die "make criu"; }
+		criu_lean "$build/criu/criu" || die "CRIU links more than libc: $(ldd "$build/criu/criu")"
 	fi
 	put_bin "$build/criu/criu" "$PREFIX/sbin/criu"
 	end "built $CRIU_VERSION"
