@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -78,13 +76,11 @@ func Fragments(pid int, memDir string) ([]VMA, error) {
 		cur = VMA{}
 	}
 	smapsLines(b, "V", func(l []byte) {
-		v, _, _ := parseHeader(l)
-		hv = v
+		m, _ := splitMaps(l)
+		hv, _ = m.vma()
 		piece, pieceOK = Piece{}, false
-		if memFileMapping(l, memDir) && !strings.HasSuffix(v.Name, " (deleted)") {
-			fs := bytes.Fields(l)
-			ino, _ := strconv.ParseUint(string(fs[4]), 10, 64)
-			piece = Piece{Start: v.Start, End: v.End, Offset: v.FileOffset, Dev: string(fs[3]), Inode: ino, Path: v.Name}
+		if m.memFile(memDir) && !bytes.HasSuffix(m.name, []byte(" (deleted)")) {
+			piece = Piece{Start: m.start, End: m.end, Offset: m.offset, Dev: string(m.dev), Inode: m.inode, Path: hv.Name}
 			pieceOK = true
 		}
 	}, func(l []byte) {
@@ -239,13 +235,12 @@ type mapping struct {
 
 // parseMapping parses a maps line (or an smaps header line).
 func parseMapping(l []byte) (mapping, bool) {
-	v, _, ok := parseHeader(l)
+	m, ok := splitMaps(l)
 	if !ok {
 		return mapping{}, false
 	}
-	fs := bytes.Fields(l)
-	ino, _ := strconv.ParseUint(string(fs[4]), 10, 64)
-	return mapping{VMA: v, dev: string(fs[3]), inode: ino, private: fs[1][3] == 'p'}, true
+	v, _ := m.vma()
+	return mapping{VMA: v, dev: string(m.dev), inode: m.inode, private: m.perms[3] == 'p'}, true
 }
 
 // parseMappings parses the mapping lines of maps (the content of

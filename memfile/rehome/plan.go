@@ -142,13 +142,14 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 	var kb, anonKB uint64
 	var patchable bool // cur maps a memory file privately
 	smapsLines(smaps, "VARS", func(l []byte) {
-		v, good, _ := parseHeader(l)
+		m, _ := splitMaps(l)
+		v, good := m.vma()
 		cur, ok, kb, anonKB, patchable = v, good, 0, 0, false
 		switch {
 		case good:
-		case opts.MemDir != "" && memFileMapping(l, opts.MemDir):
+		case opts.MemDir != "" && m.memFile(opts.MemDir):
 			patchable = true
-		case dataMapping(l, execFiles):
+		case m.data(execFiles):
 			cur.Whole, ok = true, true
 		}
 	}, func(l []byte) {
@@ -276,40 +277,147 @@ func smapsLines(smaps []byte, fields string, header, field func(l []byte)) {
 	}
 }
 
-// executableFiles are the (device, inode) of the files a process maps
-// executable (a program and its libraries), from its smaps' headers (its
-// maps), and how many mappings it has.
-func executableFiles(smaps []byte) (map[string]bool, int) {
-	out := map[string]bool{}
+// executableFiles are the files a process maps executable (a program and
+// its libraries), from its smaps' headers (its maps), and how many mappings
+// it has.
+func executableFiles(smaps []byte) (map[fileID]bool, int) {
+	out := map[fileID]bool{}
 	n := 0
 	smapsLines(smaps, "", func(l []byte) {
-		fs := bytes.Fields(l)
-		if len(fs) >= 5 {
-			n++
+		m, ok := splitMaps(l)
+		if !ok {
+			return
 		}
-		if len(fs) >= 6 && len(fs[1]) == 4 && fs[1][2] == 'x' && string(fs[4]) != "0" {
-			out[string(fs[3])+" "+string(fs[4])] = true
+		n++
+		if m.perms[2] == 'x' && m.inode != 0 {
+			out[m.file()] = true
 		}
 	}, nil)
 	return out, n
 }
 
-// dataMapping reports whether a maps line is a program's or library's .data:
-// private, writable, not executable, of a file the process maps executable.
-func dataMapping(l []byte, execFiles map[string]bool) bool {
-	fs := bytes.Fields(l)
-	if len(fs) < 6 || len(fs[1]) != 4 || string(fs[1][1:]) != "w-p" || string(fs[4]) == "0" || fs[5][0] != '/' {
-		return false
-	}
-	return execFiles[string(fs[3])+" "+string(fs[4])]
+// fileID names a mapped file: maps' device and inode.
+type fileID struct {
+	dev   string
+	inode uint64
 }
 
-// memFileMapping reports whether a maps line is a private mapping of a file
-// under dir.
-func memFileMapping(l []byte, dir string) bool {
-	fs := bytes.Fields(l)
-	return len(fs) >= 6 && len(fs[1]) == 4 && fs[1][3] == 'p' &&
-		bytes.HasPrefix(fs[5], []byte(strings.TrimSuffix(dir, "/")+"/"))
+// mapsLine is a line of /proc/pid/maps (an smaps header), "start-end perms
+// offset dev inode [name]", split without copying: a plan or a check splits
+// thousands while the container is paused.
+type mapsLine struct {
+	start, end, offset, inode uint64
+	perms, dev                []byte // perms: 4 bytes
+	name                      []byte // the rest of the line ("" for none)
+}
+
+// splitMaps splits a maps line; ok is false for anything else (an smaps
+// field line).
+func splitMaps(l []byte) (m mapsLine, ok bool) {
+	if len(l) == 0 || !isLowerHex(l[0]) {
+		return m, false
+	}
+	var f [5][]byte
+	rest := l
+	for i := range f {
+		rest = bytes.TrimLeft(rest, " \t")
+		j := bytes.IndexAny(rest, " \t")
+		if j < 0 {
+			j = len(rest)
+		}
+		f[i], rest = rest[:j], rest[j:]
+	}
+	lo, hi, found := bytes.Cut(f[0], []byte("-"))
+	if !found || len(f[1]) != 4 || len(f[4]) == 0 {
+		return m, false
+	}
+	var ok1, ok2, ok3, ok4 bool
+	m.start, ok1 = parseHex(lo)
+	m.end, ok2 = parseHex(hi)
+	m.offset, ok3 = parseHex(f[2])
+	m.inode, ok4 = parseDec(f[4])
+	if !ok1 || !ok2 || !ok3 || !ok4 || bytes.IndexByte(f[3], ':') < 0 {
+		return m, false
+	}
+	m.perms, m.dev = f[1], f[3]
+	m.name = bytes.TrimRight(bytes.TrimLeft(rest, " \t"), " \t")
+	return m, true
+}
+
+func (m mapsLine) file() fileID { return fileID{string(m.dev), m.inode} }
+
+// vma is the line as a VMA; good says whether it is a private anonymous
+// mapping (no file, or [heap], or a named [anon:...] region).
+func (m mapsLine) vma() (v VMA, good bool) {
+	if m.perms == nil {
+		return v, false
+	}
+	v.Start, v.End, v.FileOffset = m.start, m.end, m.offset
+	if m.perms[0] == 'r' {
+		v.Prot |= unix.PROT_READ
+	}
+	if m.perms[1] == 'w' {
+		v.Prot |= unix.PROT_WRITE
+	}
+	if m.perms[2] == 'x' {
+		v.Prot |= unix.PROT_EXEC
+	}
+	if len(m.name) > 0 {
+		v.Name = string(m.name)
+	}
+	anonName := len(m.name) == 0 || string(m.name) == "[heap]" || bytes.HasPrefix(m.name, []byte("[anon:"))
+	return v, m.perms[3] == 'p' && m.inode == 0 && anonName
+}
+
+// data reports whether the line is a program's or library's .data: private,
+// writable, not executable, of a file the process maps executable.
+func (m mapsLine) data(execFiles map[fileID]bool) bool {
+	if m.perms == nil || string(m.perms[1:]) != "w-p" || m.inode == 0 || len(m.name) == 0 || m.name[0] != '/' {
+		return false
+	}
+	return execFiles[m.file()]
+}
+
+// memFile reports whether the line is a private mapping of a file under dir.
+func (m mapsLine) memFile(dir string) bool {
+	return m.perms != nil && m.perms[3] == 'p' && m.inode != 0 &&
+		bytes.HasPrefix(m.name, []byte(strings.TrimSuffix(dir, "/")+"/"))
+}
+
+func isLowerHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' }
+
+// parseHex parses maps' lower-case hex (addresses, offsets).
+func parseHex(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 16 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		switch {
+		case '0' <= c && c <= '9':
+			n = n<<4 | uint64(c-'0')
+		case 'a' <= c && c <= 'f':
+			n = n<<4 | uint64(c-'a'+10)
+		default:
+			return 0, false
+		}
+	}
+	return n, true
+}
+
+// parseDec parses maps' inode numbers.
+func parseDec(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 20 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n, true
 }
 
 // patches finds the runs of pages v's process (its pagemap pm) wrote
@@ -367,43 +475,10 @@ func parseKB(b []byte) uint64 {
 // isHeader is false for smaps field lines; good says whether the VMA is a
 // private anonymous mapping.
 func parseHeader(l []byte) (v VMA, good, isHeader bool) {
-	// A header starts with an address in lower-case hex; the ~25 field
-	// lines of each VMA start with a capital: skip them before splitting
-	// (a plan reads thousands of lines while the container is paused).
-	if len(l) == 0 || !('0' <= l[0] && l[0] <= '9' || 'a' <= l[0] && l[0] <= 'f') {
+	m, ok := splitMaps(l)
+	if !ok {
 		return v, false, false
 	}
-	fs := bytes.Fields(l)
-	if len(fs) < 5 || bytes.IndexByte(fs[0], ':') >= 0 {
-		return v, false, false
-	}
-	lo, hi, found := bytes.Cut(fs[0], []byte("-"))
-	if !found {
-		return v, false, false
-	}
-	s, err1 := strconv.ParseUint(string(lo), 16, 64)
-	e, err2 := strconv.ParseUint(string(hi), 16, 64)
-	if err1 != nil || err2 != nil || len(fs[1]) != 4 {
-		return v, false, false
-	}
-	v.Start, v.End = s, e
-	if off, err := strconv.ParseUint(string(fs[2]), 16, 64); err == nil {
-		v.FileOffset = off
-	}
-	perms := fs[1]
-	if perms[0] == 'r' {
-		v.Prot |= unix.PROT_READ
-	}
-	if perms[1] == 'w' {
-		v.Prot |= unix.PROT_WRITE
-	}
-	if perms[2] == 'x' {
-		v.Prot |= unix.PROT_EXEC
-	}
-	if len(fs) > 5 {
-		v.Name = string(bytes.Join(fs[5:], []byte(" ")))
-	}
-	anonName := v.Name == "" || v.Name == "[heap]" || bytes.HasPrefix([]byte(v.Name), []byte("[anon:"))
-	good = perms[3] == 'p' && string(fs[4]) == "0" && anonName
+	v, good = m.vma()
 	return v, good, true
 }
