@@ -601,6 +601,12 @@ func (c *Client) tellSnapshotIntent(ctx context.Context, id string, forks int, i
 // already).
 func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Container, info containers.Container, task containerd.Task,
 	wasPaused bool, imageDir, frozenName string, rfs *rootfsSource, cfg *forkConfig, res *Result) (retErr error) {
+	if !wasPaused {
+		// Told before the layer's copy: the shim starts the snapshot's move
+		// helper meanwhile. A parent Stop leaves frozen stays paused as
+		// runc's shim sees it.
+		c.tellSnapshotIntent(ctx, parent.ID(), cfg.forks, !cfg.stayPaused)
+	}
 	var pending *snapclient.PendingFreeze
 	if info.Snapshotter == snapclient.SnapshotterName {
 		// The bulk of the layer copy happens before the pause; Commit only
@@ -634,8 +640,6 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 		if err := o.update(ctx, func(r *opRecord) { r.Paused = true }); err != nil {
 			return err
 		}
-		// A parent Stop leaves frozen stays paused as runc's shim sees it.
-		c.tellSnapshotIntent(ctx, parent.ID(), cfg.forks, !cfg.stayPaused)
 		if err := task.Pause(ctx); err != nil {
 			return fmt.Errorf("pause: %w", err)
 		}

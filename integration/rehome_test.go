@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/cgroups/v3"
 	containerd "github.com/containerd/containerd/v2/client"
@@ -22,6 +23,7 @@ import (
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/shim"
 )
 
 // statusKB reads a "Name: N kB" field of /proc/PID/status.
@@ -680,4 +682,132 @@ func TestRehomeManyForksConsolidate(t *testing.T) {
 			t.Errorf("%s: %q, want %q", c.id, v, want)
 		}
 	}
+}
+
+// TestRehomeStandbyHelper: the move of a parent's next snapshot runs on a
+// helper started beforehand (after the last checkpoint), so its start-up
+// stays out of the pause; a pause no checkpoint followed leaves none behind,
+// nor does the parent's release.
+func TestRehomeStandbyHelper(t *testing.T) {
+	e, ctx, img := startLFPython(t)
+	lf := e.lfClient()
+	parent := e.startCounter(t, ctx, img, "standby-"+lfRandom(3), 16)
+	shimPID := parentOf(int(parent.task.Pid()))
+	if hs := rehomeHelpersOf(shimPID); len(hs) != 0 {
+		t.Fatalf("helpers %v wait before any snapshot", hs)
+	}
+	fork := func() {
+		t.Helper()
+		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkContinues(t, ctx, parent, e.forks(res)[0])
+	}
+	fork()
+	// One waits for the next snapshot, in the shim's memory cgroup.
+	first := waitRehomeHelpers(t, shimPID, 1)[0]
+	if got, want := memoryCgroupPath(first), memoryCgroupPath(shimPID); got != want {
+		t.Errorf("the standby helper is in memory cgroup %q, want the shim's %q", got, want)
+	}
+	// The next fork's move runs on it.
+	fork()
+	moves := strings.Split(grepLines(e.Log(), "moved onto memory file"), "\n")
+	if last := moves[len(moves)-1]; !strings.Contains(last, "standby=true") {
+		t.Errorf("the second move did not run on the standby helper: %q", last)
+	}
+	if alive(first) {
+		t.Errorf("the standby helper %d outlived the move it ran", first)
+	}
+	// A plain pause: the waiting helper stays out of the parent's cgroups
+	// (it joins its memory cgroup only for a move), and goes at the resume.
+	hs := waitRehomeHelpers(t, shimPID, 1)
+	if err := parent.task.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := memoryCgroupPath(hs[0]), memoryCgroupPath(shimPID); got != want {
+		t.Errorf("the paused parent's standby helper is in memory cgroup %q, want the shim's %q", got, want)
+	}
+	if err := parent.task.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRehomeHelpers(t, shimPID, 0)
+	parent.waitLine(t, ctx, len(parent.lines(t)), "tick ")
+	// The parent's release stops the helper its last fork left.
+	fork()
+	last := waitRehomeHelpers(t, shimPID, 1)[0]
+	if err := parent.task.Kill(ctx, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if ch, err := parent.task.Wait(ctx); err == nil {
+		<-ch
+	}
+	if _, err := parent.task.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, fmt.Sprintf("standby helper %d gone after its container was deleted", last), 5*time.Second, func() bool { return !alive(last) })
+}
+
+// rehomeHelpersOf lists the move helpers that are children of process
+// shim: lazyfork-rehome, or the shim's own binary run as the helper where
+// that is missing.
+func rehomeHelpersOf(shimPID int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !alive(pid) || parentOf(pid) != shimPID {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if filepath.Base(args[0]) == "lazyfork-rehome" || len(args) == 3 && args[1] == shim.HookArg && args[2] == "rehome" {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// parentOf is process pid's parent (0 if gone).
+func parentOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+	fs := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(fs) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fs[1])
+	return ppid
+}
+
+// waitRehomeHelpers waits until shim has n move helpers, and returns them.
+func waitRehomeHelpers(t *testing.T, shimPID, n int) []int {
+	t.Helper()
+	var hs []int
+	waitFor(t, fmt.Sprintf("%d move helpers of shim %d", n, shimPID), 5*time.Second, func() bool {
+		hs = rehomeHelpersOf(shimPID)
+		return len(hs) == n
+	})
+	return hs
+}
+
+func memoryCgroupPath(pid int) string {
+	p, _, _ := procfs.Cgroup(pid, "memory")
+	return p
+}
+
+// alive reports whether process pid exists and is not a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	fs := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return len(fs) > 0 && fs[0] != "Z"
 }

@@ -32,10 +32,13 @@ func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 	defer s.trim.begin()() // a checkpoint follows: no tight memory limit now
 	warmForMove(ctx)       // and its move's helper joins the task's memory cgroup
 	if st, err := s.stateOf(ctx, r.ID); err == nil {
-		if due, bound := s.consolidationDue(st); due {
-			if ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil && ts.Status == tasktypes.Status_RUNNING {
-				s.prepareConsolidation(ctx, st, bound)
-			}
+		ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
+		running := err == nil && ts.Status == tasktypes.Status_RUNNING
+		if due, bound := s.consolidationDue(st); due && running {
+			s.prepareConsolidation(ctx, st, bound)
+		}
+		if running && s.movesAtCheckpoint(st) {
+			s.startStandbyHelper(ctx, st.Namespace+"/"+st.ID, int(ts.Pid))
 		}
 	}
 	return s.pause(ctx, r)
@@ -58,6 +61,12 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 		return nil, errgrpc.ToGRPC(err)
 	}
 	noteIntent(st.Namespace+"/"+st.ID, int(in.GetForks()))
+	// A snapshot follows: its move's helper starts now (standbyHelper).
+	if s.movesAtCheckpoint(st) {
+		if ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil && ts.Status == tasktypes.Status_RUNNING {
+			s.startStandbyHelper(ctx, st.Namespace+"/"+st.ID, int(ts.Pid))
+		}
+	}
 	if in.GetFreezeInShim() {
 		s.noteFreezeIntent(r.ID)
 	}
@@ -120,6 +129,11 @@ func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	s.mu.Unlock()
 	if done {
 		return &ptypes.Empty{}, nil
+	}
+	if st, err := s.stateOf(ctx, r.ID); err == nil {
+		// A pause no checkpoint followed, or one that did not move the
+		// task: its standby helper waited in vain.
+		dropStandbyHelper(st.Namespace+"/"+st.ID, nil)
 	}
 	// The supervisor seizes the frozen task before the thaw, so that its
 	// first guarded call is traced.

@@ -1,11 +1,11 @@
 package shim
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/containerd/containerd/v2/pkg/sys/reaper"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
@@ -53,6 +52,22 @@ func (s *Service) rehomeEnabled(st *containerState, mode madvguard.Mode, guard b
 		return false
 	}
 	return !guard || mode == madvguard.Refuse
+}
+
+// madviseOf is a container's madvise guard: its annotation's, else the
+// shim setting's.
+func (s *Service) madviseOf(st *containerState) (madvguard.Mode, bool, error) {
+	if st.Madvise != "" {
+		return parseMadvise(st.Madvise)
+	}
+	return parseMadvise(s.cfg.Madvise)
+}
+
+// movesAtCheckpoint reports whether a checkpoint of the container, frozen,
+// would move it onto a memory file (rehomeEnabled).
+func (s *Service) movesAtCheckpoint(st *containerState) bool {
+	mode, guard, err := s.madviseOf(st)
+	return err == nil && st.View != "" && s.rehomeEnabled(st, mode, guard)
 }
 
 // rehomeContainer moves the private anonymous memory of every process of a
@@ -162,7 +177,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		}
 	}
 	tHelper := time.Now()
-	reply, err := s.runRehomeHelper(ctx, initPID, &req, &res.helperRun)
+	reply, err := s.runRehomeHelper(ctx, key, initPID, &req, &res.helperRun)
 	res.HelperRun = time.Since(tHelper)
 	// Kept if any process maps any of it: a region can fail part way
 	// (chunk by chunk), its first chunks mapped from the file.
@@ -242,79 +257,250 @@ type helperRun struct {
 	// Join is the shim's move of the helper into the container's memory
 	// cgroup (the helper seizes and plans meanwhile).
 	Join time.Duration
+	// Standby: the helper was started by the Pause before the freeze
+	// (standbyHelper), its start-up and join outside the pause.
+	Standby bool
 }
 
-// runRehomeHelper runs the helper through containerd's reaper, inside the
-// container's memory cgroup, and returns its reply; run gets its program
-// and how long its move into that cgroup took.
-func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, run *helperRun) (*movehelper.Reply, error) {
+// helperProc is a started move helper, waiting for its request on stdin.
+type helperProc struct {
+	cmd            *exec.Cmd
+	stdin          io.WriteCloser
+	stdout, stderr io.ReadCloser
+	run            helperRun
+}
+
+// startHelper starts a move's helper. The shim's reaper (containerd's, on
+// SIGCHLD) reaps it: its reply on stdout, complete or not, is its result,
+// and the shim does not subscribe to its exit (a subscription nobody reads
+// while a standby helper waits would stall the reaper's other
+// notifications). Its os.Process holds a pidfd, so a kill never reaches a
+// process that took its pid after the reap.
+func (s *Service) startHelper() (*helperProc, error) {
 	cmd := exec.Command(s.self, HookArg, "rehome")
 	if helper := filepath.Join(filepath.Dir(s.self), RehomeHelper); isFile(helper) {
 		cmd = exec.Command(helper)
 	}
-	run.Binary = filepath.Base(cmd.Path)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
+	h := &helperProc{cmd: cmd}
+	h.run.Binary = filepath.Base(cmd.Path)
+	var err error
+	if h.stdin, err = cmd.StdinPipe(); err == nil {
+		if h.stdout, err = cmd.StdoutPipe(); err == nil {
+			h.stderr, err = cmd.StderrPipe()
+		}
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	ec, err := reaper.Default.Start(cmd)
+	if err == nil {
+		err = cmd.Start()
+	}
 	if err != nil {
+		h.closePipes()
 		return nil, fmt.Errorf("start the rehome helper: %w", err)
 	}
+	return h, nil
+}
+
+// closePipes closes the shim's ends of the helper's stdio (never Wait: the
+// reaper takes the exit).
+func (h *helperProc) closePipes() {
+	for _, c := range []io.Closer{h.stdin, h.stdout, h.stderr} {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// join puts the helper into the memory cgroup of the container of initPID
+// (cgroup v1): the file pages it writes are then charged to the container
+// whose memory they hold. On cgroup v2 that cgroup is the frozen one, and a
+// process moved into a frozen cgroup freezes: the helper stays out, the
+// processes write their pages themselves, charged to it, and what the
+// helper copies (runs of under 16 pages) is charged to the shim.
+func (h *helperProc) join(ctx context.Context, initPID int) {
+	freezer, _ := freezerCgroup(initPID)
+	if mem, err := memoryCgroupDir(initPID); err == nil && mem == freezer {
+		log.G(ctx).Debug("lazyfork: rehome helper stays in the shim's cgroup (cgroup v2: the container's is frozen)")
+		return
+	}
+	t0 := time.Now()
+	err := joinMemoryCgroup(initPID, h.cmd.Process.Pid)
+	h.run.Join = time.Since(t0)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the processes write their pages themselves; its own copies of small runs are charged to the shim)")
+	}
+}
+
+// stop kills a helper that got no request (it exits by itself on EOF too:
+// the shim gone, or stdin closed).
+func (h *helperProc) stop() {
+	_ = h.cmd.Process.Kill()
+	h.closePipes()
+	_ = h.cmd.Process.Release()
+}
+
+// runRehomeHelper runs a move's helper: the container's standby one if its
+// Pause started it (standbyHelper), else a new one, and returns its reply;
+// run gets its program and how long its move into the container's memory
+// cgroup took.
+func (s *Service) runRehomeHelper(ctx context.Context, key string, initPID int, req *movehelper.Request, run *helperRun) (*movehelper.Reply, error) {
+	h := takeStandbyHelper(key, initPID)
+	if h == nil {
+		var err error
+		if h, err = s.startHelper(); err != nil {
+			return nil, err
+		}
+	} else {
+		h.run.Standby = true
+	}
+	defer func() { *run = h.run }()
 	// A helper that hangs would keep the container frozen: it is killed
 	// (its tracees go free) after the restore timeout, and the move fails.
 	var killed atomic.Bool
 	timer := time.AfterFunc(s.cfg.RestoreTimeout, func() {
 		killed.Store(true)
-		_ = cmd.Process.Kill()
+		_ = h.cmd.Process.Kill()
 	})
 	// Nor does it outlive its caller (a Pause whose client gave up): a
 	// move it leaves half done is undone as a killed helper's is.
 	var cancelled atomic.Bool
 	stopCancel := context.AfterFunc(ctx, func() {
 		cancelled.Store(true)
-		_ = cmd.Process.Kill()
+		_ = h.cmd.Process.Kill()
 	})
 	defer stopCancel()
-	// The request goes first, so that the helper starts, seizes and plans
-	// while the shim moves it into the container's memory cgroup. It copies
-	// only once its stdin closes, so what it writes is charged there, and it
-	// waits for that before it exits (its pid is not reused meanwhile).
-	werr := json.NewEncoder(stdin).Encode(req)
-	if mem, err := memoryCgroupDir(initPID); err == nil && mem == req.Freezer {
-		// Cgroup v2: the memory cgroup is the frozen one, and a process
-		// moved into a frozen cgroup freezes. The processes then write
-		// their pages themselves, charged to it; what the helper copies
-		// (runs of under 16 pages) is charged to the shim.
-		log.G(ctx).Debug("lazyfork: rehome helper stays in the shim's cgroup (cgroup v2: the container's is frozen)")
-	} else {
-		tJoin := time.Now()
-		err := joinMemoryCgroup(initPID, cmd.Process.Pid)
-		run.Join = time.Since(tJoin)
-		if err != nil {
-			log.G(ctx).WithError(err).Warn("lazyfork: rehome helper stays in the shim's memory cgroup (the processes write their pages themselves; its own copies of small runs are charged to the shim)")
-		}
-	}
-	req.ChargedTo = memoryCgroupOf(cmd.Process.Pid)
-	stdin.Close()
-	code, err := reaper.Default.Wait(cmd, ec)
+	// The request goes first, so that a new helper starts, seizes and
+	// plans while the shim moves it into the container's memory cgroup. It
+	// copies only once its stdin closes, so what it writes is charged
+	// there, and it waits for that before it exits (its pid is not reused
+	// meanwhile).
+	werr := json.NewEncoder(h.stdin).Encode(req)
+	h.join(ctx, initPID)
+	req.ChargedTo = memoryCgroupOf(h.cmd.Process.Pid)
+	h.stdin.Close()
+	// Its output ends when it exits (or is killed).
+	errOut := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(io.LimitReader(h.stderr, 64<<10))
+		errOut <- b
+	}()
+	out, rerr := io.ReadAll(h.stdout)
+	stderr := <-errOut
 	timer.Stop()
+	stopCancel()
+	h.closePipes()
+	_ = h.cmd.Process.Release() // after the kills that may use it
 	if killed.Load() {
 		return nil, fmt.Errorf("rehome helper did not finish within %s (LAZYFORK_RESTORE_TIMEOUT) and was killed: %w", s.cfg.RestoreTimeout, context.DeadlineExceeded)
 	}
 	if cancelled.Load() {
 		return nil, fmt.Errorf("rehome helper killed: its caller gave up: %w", ctx.Err())
 	}
-	if werr != nil || err != nil || code != 0 {
-		return nil, fmt.Errorf("rehome helper: exit %d: %v %v: %s", code, werr, err, strings.TrimSpace(stderr.String()))
-	}
 	var reply movehelper.Reply
-	if err := json.Unmarshal(stdout.Bytes(), &reply); err != nil {
-		return nil, fmt.Errorf("rehome helper: reply %q: %w", stdout.String(), err)
+	if werr != nil || rerr != nil || len(out) == 0 {
+		return nil, fmt.Errorf("rehome helper: no reply: %v %v: %s", werr, rerr, strings.TrimSpace(string(stderr)))
+	}
+	if err := json.Unmarshal(out, &reply); err != nil {
+		return nil, fmt.Errorf("rehome helper: reply %q: %w: %s", out, err, strings.TrimSpace(string(stderr)))
 	}
 	return &reply, nil
+}
+
+// Standby helpers: a move's helper is a Go program whose start-up takes
+// 12-20 ms on these hosts (exec, runtime, page faults). So a container's
+// next move has one waiting for its request: started after each checkpoint
+// that moved the container (a fork of a running container is often followed
+// by another), or else by the snapshot intent or the Pause that precede the
+// freeze; the checkpoint takes it, and the pause does not hold its start.
+// It waits in the shim's cgroups, and joins the container's memory cgroup
+// only for the move (runRehomeHelper: a warm join, under a millisecond), so
+// it never keeps that cgroup from being removed. One that no checkpoint
+// took is stopped at Resume (a plain pause), at the container's release, or
+// after standbyTTL unused.
+const standbyTTL = time.Minute
+
+type standbyHelper struct {
+	pid   int           // the container's init it waits to move
+	ready chan struct{} // closed once h is set (nil: it did not start)
+	h     *helperProc
+	timer *time.Timer
+}
+
+var (
+	standbyMu sync.Mutex
+	standbys  = map[string]*standbyHelper{}
+)
+
+// startStandbyHelper starts the standby helper of container key (init
+// initPID) unless one waits already. A failure costs only the saving.
+func (s *Service) startStandbyHelper(ctx context.Context, key string, initPID int) {
+	standbyMu.Lock()
+	old := standbys[key]
+	if old != nil && old.pid == initPID && old.timer.Stop() {
+		old.timer.Reset(standbyTTL)
+		standbyMu.Unlock()
+		return
+	}
+	sb := &standbyHelper{pid: initPID, ready: make(chan struct{})}
+	standbys[key] = sb
+	sb.timer = time.AfterFunc(standbyTTL, func() { dropStandbyHelper(key, sb) })
+	standbyMu.Unlock()
+	if old != nil {
+		old.discard()
+	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		defer close(sb.ready)
+		h, err := s.startHelper()
+		if err != nil {
+			log.G(ctx).WithError(err).Debug("lazyfork: no standby rehome helper")
+			return
+		}
+		sb.h = h
+	}()
+}
+
+// takeStandbyHelper returns container key's standby helper, once started,
+// if it was started for init initPID.
+func takeStandbyHelper(key string, initPID int) *helperProc {
+	standbyMu.Lock()
+	sb := standbys[key]
+	delete(standbys, key)
+	standbyMu.Unlock()
+	if sb == nil {
+		return nil
+	}
+	sb.timer.Stop()
+	<-sb.ready
+	if sb.h == nil || sb.pid != initPID {
+		sb.discard()
+		return nil
+	}
+	return sb.h
+}
+
+// dropStandbyHelper stops container key's standby helper (only sb, if not
+// nil: the one whose timer fired).
+func dropStandbyHelper(key string, sb *standbyHelper) {
+	standbyMu.Lock()
+	cur := standbys[key]
+	if cur == nil || sb != nil && cur != sb {
+		standbyMu.Unlock()
+		return
+	}
+	delete(standbys, key)
+	standbyMu.Unlock()
+	cur.discard()
+}
+
+// discard stops a standby helper taken out of standbys, in the background
+// (it may still be starting).
+func (sb *standbyHelper) discard() {
+	sb.timer.Stop()
+	go func() {
+		<-sb.ready
+		if sb.h != nil {
+			sb.h.stop()
+		}
+	}()
 }
 
 // Chunks of a move: while one is copied, the container holds it twice (its
@@ -404,7 +590,7 @@ func cgroupProcs(dir string) ([]int, error) {
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration, "helper_run": res.HelperRun, "join": res.Join,
-		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "map": res.Helper.Map, "map_batched": res.Helper.Batched, "consolidation": res.Helper.Hop, "consolidation_check": res.Helper.HopCheck, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary,
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "map": res.Helper.Map, "map_batched": res.Helper.Batched, "consolidation": res.Helper.Hop, "consolidation_check": res.Helper.HopCheck, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary, "standby": res.Standby,
 		"consolidated": res.Helper.Hopped, "consolidated_bytes": res.Helper.HopBytes})
 	if res.Helper.FilterErr != "" {
 		l = l.WithField("guard_filters_unread", res.Helper.FilterErr)
@@ -715,7 +901,7 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState, 
 		MemDir: memfile.MountPath, PrepareAbove: consolidateAbove, MaxBytes: maxBytes,
 	}
 	var run helperRun
-	reply, err := s.runRehomeHelper(ctx, pid, &req, &run)
+	reply, err := s.runRehomeHelper(ctx, "", pid, &req, &run)
 	if err == nil && reply.Err != "" {
 		err = errors.New(reply.Err)
 	}

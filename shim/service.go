@@ -355,6 +355,7 @@ func (s *Service) release(ctx context.Context, c *container) error {
 
 func releaseContainer(ctx context.Context, cfg Config, st *containerState) error {
 	dropConsolidation(st.Namespace, st.ID)
+	dropStandbyHelper(st.Namespace+"/"+st.ID, nil)
 	if st.Snapshot != "" {
 		unmountRestoreLeftovers(ctx, st.Namespace, st.ID)
 		removeCgroup(ctx, st.CgroupsPath)
@@ -602,10 +603,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	s.mu.Lock()
 	frozenAt := s.frozenAt[r.ID] // a frozen task's last Pause
 	s.mu.Unlock()
-	mode, guard, err := parseMadvise(st.Madvise)
-	if st.Madvise == "" {
-		mode, guard, err = parseMadvise(s.cfg.Madvise)
-	}
+	mode, guard, err := s.madviseOf(st)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -771,6 +769,10 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		if err := store.SetCharge(st.Family, res.NewFile, selfMemoryCgroup()); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: record where a memory file is charged")
 		}
+	}
+	if move && !opts.GetExit() {
+		// Its next snapshot's helper waits, started now (standbyHelper).
+		s.startStandbyHelper(ctx, st.Namespace+"/"+st.ID, int(ts.Pid))
 	}
 	log.G(ctx).WithFields(log.Fields{
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
