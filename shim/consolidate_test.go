@@ -85,8 +85,8 @@ func TestDueForForks(t *testing.T) {
 		{patches: 580, forks: 100, moved: true, want: true},
 		{patches: 580, forks: 1, moved: true, want: false},
 		{patches: 580, forks: 100, moved: false, want: false}, // prepared already
-		{patches: 400, forks: 2, moved: true, want: true},
-		{patches: 300, forks: 2, moved: true, want: false},
+		{patches: consolidateAfter / 2, forks: 2, moved: true, want: true},
+		{patches: consolidateAfter/2 - 1, forks: 2, moved: true, want: false},
 		{patches: consolidateAbove/2 - 1, forks: 1000, moved: true, want: false},
 	} {
 		n := &moveNote{patches: c.patches, moved: c.moved}

@@ -634,15 +634,16 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // snapshot or fork maps them: a copy of the heap for about 800 bytes of
 // kernel memory per patch per copy (two mappings). So it is a bound, not a
 // routine: once a container's moves made consolidateAfter patches since the
-// last one (3 MiB of single pages written spread over its heap; an
-// interpreter's ~65 patches per call get there after some twelve forks, a
+// last one (2 MiB of single pages written spread over its heap; an
+// interpreter's ~65 patches per call get there after some eight forks, a
 // parent whose writes come in runs hardly ever). That holds the parent near
-// 1,600 mappings and each fork's mapping overhead near 0.6 MB, and the
+// 1,150 mappings and each fork's mapping overhead near 0.45 MB, and the
 // pause's per-mapping cost with them (about 40 us a mapping: CRIU's dump,
 // the plan's smaps and the move's mmaps): with 256 pages written spread per
 // call, 2048 let the pause reach 212-245 ms before the consolidating call,
-// and 1024 (four such calls) 191-211 ms, against about 100 ms at a few
-// mappings.
+// 1024 191-211 ms, and 768 (the fourth call consolidating) 200-253 ms on a
+// slower host, where 512 (the third) kept it under 200 ms with the standby
+// helper (standbyHelper); about 100 ms at a few mappings.
 //
 // A call that makes many forks is different: each fork maps what the dump
 // leaves, so the patches count once per fork. When the client said how many
@@ -653,7 +654,7 @@ func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 // patches, a hundred forks of a 256 MiB heap held 22 MB more kernel memory
 // than forks of one mapping.)
 const (
-	consolidateAfter = 768
+	consolidateAfter = 512
 	consolidateAbove = 128 // pieces of fragmented regions in one process
 	preparedTTL      = 10 * time.Minute
 	// intentTTL bounds how long a snapshot intent waits for its Pause,
