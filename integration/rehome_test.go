@@ -593,6 +593,9 @@ func TestRehomeSpreadWrites(t *testing.T) {
 	if prepared < 0 || moved < prepared {
 		t.Errorf("call %d: the shim's log does not show the consolidation prepared in the call, before its move (prepared at %d, moved at %d of %d bytes)",
 			calls, prepared, moved, len(callLog))
+	} else if l := grepLines(callLog[moved:], "moved onto memory file"); !strings.Contains(l, "preloaded=true") {
+		// Its regions went to the waiting helper before the freeze.
+		t.Errorf("call %d: the consolidating move's regions were not preloaded: %q", calls, l)
 	}
 	snap, err := lf.Node().Snapshot(ctx, lastRes.Snapshot)
 	if err != nil {
@@ -685,11 +688,18 @@ func TestRehomeManyForksConsolidate(t *testing.T) {
 }
 
 // TestRehomeStandbyHelper: the move of a parent's next snapshot runs on a
-// helper started beforehand (after the last checkpoint), so its start-up
-// stays out of the pause; a pause no checkpoint followed leaves none behind,
-// nor does the parent's release.
+// helper the shim started beforehand (after the last checkpoint), so its
+// start-up stays out of the pause. At most one waits per shim, in the
+// shim's cgroups, and not past LAZYFORK_REHOME_STANDBY; LAZYFORK_REHOME_STANDBY=off
+// starts none.
 func TestRehomeStandbyHelper(t *testing.T) {
-	e, ctx, img := startLFPython(t)
+	const wait = 3 * time.Second
+	e := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_STANDBY=" + wait.String()}})
+	ctx := e.ctx(t)
+	img, err := e.ImportImage(ctx, "python")
+	if err != nil {
+		t.Fatal(err)
+	}
 	lf := e.lfClient()
 	parent := e.startCounter(t, ctx, img, "standby-"+lfRandom(3), 16)
 	shimPID := parentOf(int(parent.task.Pid()))
@@ -710,7 +720,7 @@ func TestRehomeStandbyHelper(t *testing.T) {
 	if got, want := memoryCgroupPath(first), memoryCgroupPath(shimPID); got != want {
 		t.Errorf("the standby helper is in memory cgroup %q, want the shim's %q", got, want)
 	}
-	// The next fork's move runs on it.
+	// The next fork's move runs on it, and the next one waits.
 	fork()
 	moves := strings.Split(grepLines(e.Log(), "moved onto memory file"), "\n")
 	if last := moves[len(moves)-1]; !strings.Contains(last, "standby=true") {
@@ -719,33 +729,48 @@ func TestRehomeStandbyHelper(t *testing.T) {
 	if alive(first) {
 		t.Errorf("the standby helper %d outlived the move it ran", first)
 	}
-	// A plain pause: the waiting helper stays out of the parent's cgroups
-	// (it joins its memory cgroup only for a move), and goes at the resume.
-	hs := waitRehomeHelpers(t, shimPID, 1)
+	second := waitRehomeHelpers(t, shimPID, 1)[0]
+	// A plain pause (a checkpoint may follow) keeps that one, out of the
+	// parent's cgroups, and starts no other.
 	if err := parent.task.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := memoryCgroupPath(hs[0]), memoryCgroupPath(shimPID); got != want {
+	if got, want := memoryCgroupPath(second), memoryCgroupPath(shimPID); got != want {
 		t.Errorf("the paused parent's standby helper is in memory cgroup %q, want the shim's %q", got, want)
 	}
 	if err := parent.task.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitRehomeHelpers(t, shimPID, 0)
+	if hs := rehomeHelpersOf(shimPID); len(hs) != 1 || hs[0] != second {
+		t.Errorf("after a pause and resume the shim's move helpers are %v, want only %d", hs, second)
+	}
 	parent.waitLine(t, ctx, len(parent.lines(t)), "tick ")
-	// The parent's release stops the helper its last fork left.
-	fork()
-	last := waitRehomeHelpers(t, shimPID, 1)[0]
-	if err := parent.task.Kill(ctx, syscall.SIGKILL); err != nil {
+	// Unused, it goes after its wait.
+	waitFor(t, fmt.Sprintf("the standby helper %d gone after %s unused", second, wait), 3*wait, func() bool { return !alive(second) })
+	if hs := rehomeHelpersOf(shimPID); len(hs) != 0 {
+		t.Errorf("move helpers %v wait after the standby expired", hs)
+	}
+
+	// Off: every move starts its own, none waits.
+	off := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_STANDBY=off"}})
+	offCtx := off.ctx(t)
+	offImg, err := off.ImportImage(offCtx, "python")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if ch, err := parent.task.Wait(ctx); err == nil {
-		<-ch
-	}
-	if _, err := parent.task.Delete(ctx); err != nil {
+	p := off.startCounter(t, offCtx, offImg, "nostandby-"+lfRandom(3), 16)
+	res, err := off.lfClient().Fork(offCtx, p.id, 1, off.logIO())
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, fmt.Sprintf("standby helper %d gone after its container was deleted", last), 5*time.Second, func() bool { return !alive(last) })
+	checkContinues(t, offCtx, p, off.forks(res)[0])
+	time.Sleep(500 * time.Millisecond)
+	if hs := rehomeHelpersOf(parentOf(int(p.task.Pid()))); len(hs) != 0 {
+		t.Errorf("LAZYFORK_REHOME_STANDBY=off: move helpers %v wait after a fork", hs)
+	}
+	if l := grepLines(off.Log(), "moved onto memory file"); !strings.Contains(l, "standby=false") {
+		t.Errorf("LAZYFORK_REHOME_STANDBY=off: the move ran on a standby helper: %q", l)
+	}
 }
 
 // rehomeHelpersOf lists the move helpers that are children of process

@@ -56,6 +56,9 @@ type Config struct {
 	// Rehome moves a container's private memory onto its family's memory
 	// files at each checkpoint (lazyfork.io/rehome=false opts one out).
 	Rehome bool
+	// RehomeStandby is how long a started move helper waits for the next
+	// move (standbyHelper; 0: none waits, each move starts its own).
+	RehomeStandby time.Duration
 	// RuncRoot is runc's state root for containers whose runtime options name
 	// none ("": runc's /run/containerd/runc). CgroupParent, when set, holds the
 	// cgroups of containers that have containerd's default cgroupsPath
@@ -101,16 +104,19 @@ const DefaultArchiveDir = "/var/lib/kubelet/checkpoints"
 // DefaultRestoreTimeout is the default of Config.RestoreTimeout.
 const DefaultRestoreTimeout = 2 * time.Minute
 
+// DefaultRehomeStandby is the default of Config.RehomeStandby.
+const DefaultRehomeStandby = time.Minute
+
 // MemRoot is the root of the family memory store.
 func (c Config) MemRoot() string { return api.Root(c.Root).Mem() }
 
 // ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE, LAZYFORK_OVERCOMMIT,
 // LAZYFORK_CRIU_VERBOSITY, LAZYFORK_MADVISE, LAZYFORK_ARCHIVE_DIRS,
-// LAZYFORK_RESTORE_TIMEOUT, LAZYFORK_REHOME, LAZYFORK_RUNC_ROOT and
-// LAZYFORK_CGROUP_PARENT.
+// LAZYFORK_RESTORE_TIMEOUT, LAZYFORK_REHOME, LAZYFORK_REHOME_STANDBY,
+// LAZYFORK_RUNC_ROOT and LAZYFORK_CGROUP_PARENT.
 func ConfigFromEnv() (Config, error) {
 	c := Config{Root: api.DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
-		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true}
+		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true, RehomeStandby: DefaultRehomeStandby}
 	switch v := os.Getenv("LAZYFORK_REHOME"); v {
 	case "", "on", "true", "1":
 	case "off", "false", "0":
@@ -129,6 +135,17 @@ func ConfigFromEnv() (Config, error) {
 			}
 			c.ArchiveDirs = append(c.ArchiveDirs, filepath.Clean(d))
 		}
+	}
+	switch v := os.Getenv("LAZYFORK_REHOME_STANDBY"); v {
+	case "":
+	case "off", "0":
+		c.RehomeStandby = 0
+	default:
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return c, fmt.Errorf("LAZYFORK_REHOME_STANDBY %q: want how long a move's helper waits for the next move, such as 1m, or off: %w", v, errdefs.ErrInvalidArgument)
+		}
+		c.RehomeStandby = d
 	}
 	if v := os.Getenv("LAZYFORK_RESTORE_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)

@@ -61,6 +61,9 @@
 //	LAZYFORK_RESTORE_TIMEOUT  bound of one restore, and of one move's helper (default 2m)
 //	LAZYFORK_REHOME      "on" (default) or "off": move containers onto their memory
 //	                     files at checkpoint (lazyfork.io/rehome=false opts one out)
+//	LAZYFORK_REHOME_STANDBY  how long a started move helper waits for the next move, so that
+//	                     its start-up (12-20 ms) is not in the pause: a duration (default 1m;
+//	                     at most one waits per shim) or "off"
 //	LAZYFORK_CRIU_KDAT   "off": no kernel-feature cache for CRIU where /run is not a
 //	                     tmpfs (kerndat.go)
 //	LAZYFORK_CRIU_PROXY  "off": runc's PATH is left alone, so runc runs CRIU twice per

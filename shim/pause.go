@@ -38,7 +38,10 @@ func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 			s.prepareConsolidation(ctx, st, bound)
 		}
 		if running && s.movesAtCheckpoint(st) {
-			s.startStandbyHelper(ctx, st.Namespace+"/"+st.ID, int(ts.Pid))
+			s.startStandbyHelper(ctx)
+			if hop := peekPrepared(st.Namespace + "/" + st.ID); hop != nil {
+				preloadStandbyHelper(hop)
+			}
 		}
 	}
 	return s.pause(ctx, r)
@@ -63,9 +66,7 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	noteIntent(st.Namespace+"/"+st.ID, int(in.GetForks()))
 	// A snapshot follows: its move's helper starts now (standbyHelper).
 	if s.movesAtCheckpoint(st) {
-		if ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID}); err == nil && ts.Status == tasktypes.Status_RUNNING {
-			s.startStandbyHelper(ctx, st.Namespace+"/"+st.ID, int(ts.Pid))
-		}
+		s.startStandbyHelper(ctx)
 	}
 	if in.GetFreezeInShim() {
 		s.noteFreezeIntent(r.ID)
@@ -129,11 +130,6 @@ func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 	s.mu.Unlock()
 	if done {
 		return &ptypes.Empty{}, nil
-	}
-	if st, err := s.stateOf(ctx, r.ID); err == nil {
-		// A pause no checkpoint followed, or one that did not move the
-		// task: its standby helper waited in vain.
-		dropStandbyHelper(st.Namespace+"/"+st.ID, nil)
 	}
 	// The supervisor seizes the frozen task before the thaw, so that its
 	// first guarded call is traced.

@@ -355,7 +355,6 @@ func (s *Service) release(ctx context.Context, c *container) error {
 
 func releaseContainer(ctx context.Context, cfg Config, st *containerState) error {
 	dropConsolidation(st.Namespace, st.ID)
-	dropStandbyHelper(st.Namespace+"/"+st.ID, nil)
 	if st.Snapshot != "" {
 		unmountRestoreLeftovers(ctx, st.Namespace, st.ID)
 		removeCgroup(ctx, st.CgroupsPath)
@@ -772,7 +771,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	if move && !opts.GetExit() {
 		// Its next snapshot's helper waits, started now (standbyHelper).
-		s.startStandbyHelper(ctx, st.Namespace+"/"+st.ID, int(ts.Pid))
+		s.startStandbyHelper(ctx)
 	}
 	log.G(ctx).WithFields(log.Fields{
 		"id": r.ID, "family": st.Family, "files": len(res.Files),

@@ -49,6 +49,11 @@ type Request struct {
 	// Hop, with a move: regions prepared earlier, mapped from their file
 	// (with the pages written since on top) before the move plans.
 	Hop *Hop `json:"hop,omitempty"`
+	// Preload marks a message sent ahead of the request, before the
+	// freeze, to a helper waiting for it: Hop's regions (thousands of
+	// pieces, some milliseconds to encode and decode), which the request's
+	// Hop then names by Hop.Preloaded instead of carrying them.
+	Preload bool `json:"preload,omitempty"`
 	// ChargedTo is the memory cgroup the helper writes the file from (the
 	// container's, unless it could not join it): not sent, for the record.
 	ChargedTo string `json:"-"`
@@ -60,6 +65,8 @@ type Hop struct {
 	HostFile string   `json:"hostFile"`
 	Inside   string   `json:"inside"`
 	Regions  []Region `json:"regions"`
+	// Preloaded: Regions are those of the Preload message before.
+	Preloaded bool `json:"preloaded,omitempty"`
 }
 
 // Region is a prepared region of one process.
@@ -116,10 +123,10 @@ type Reply struct {
 // container, move each process onto the file, guard what moved, let go, and
 // write the Reply to stdout.
 func Run(stdin io.Reader, stdout io.Writer) error {
-	var req Request
 	dec := json.NewDecoder(stdin)
-	if err := dec.Decode(&req); err != nil {
-		return fmt.Errorf("decode request: %w", err)
+	req, err := readRequest(dec)
+	if err != nil {
+		return err
 	}
 	// stdin closes once the shim has put this process into the container's
 	// memory cgroup.
@@ -134,6 +141,31 @@ func Run(stdin io.Reader, stdout io.Writer) error {
 	// nothing moved.
 	joined()
 	return json.NewEncoder(stdout).Encode(reply)
+}
+
+// readRequest reads the request, after the Preload messages before it (the
+// last one's regions stand for the request's Hop.Preloaded).
+func readRequest(dec *json.Decoder) (Request, error) {
+	var preloaded []Region
+	for {
+		var req Request
+		if err := dec.Decode(&req); err != nil {
+			return req, fmt.Errorf("decode request: %w", err)
+		}
+		if req.Preload {
+			if req.Hop != nil {
+				preloaded = req.Hop.Regions
+			}
+			continue
+		}
+		if req.Hop != nil && req.Hop.Preloaded {
+			if preloaded == nil {
+				return req, errors.New("the request names preloaded regions, and none came before it")
+			}
+			req.Hop.Regions = preloaded
+		}
+		return req, nil
+	}
 }
 
 // moveAll moves the tree of req; joined returns once the helper is in the

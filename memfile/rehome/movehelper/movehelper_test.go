@@ -135,3 +135,46 @@ func TestSlotsUsedPastDroppedVMAs(t *testing.T) {
 		t.Errorf("slotsUsed(nil) = %d, want 0", n)
 	}
 }
+
+// A consolidation's regions may go ahead of the request (the shim sends them
+// to a waiting helper before the freeze): the request's Hop then names them.
+func TestReadRequestPreloaded(t *testing.T) {
+	regions := []Region{{Pid: 7, VMA: rehome.VMA{Start: 0x1000, End: 0x9000, Prepared: true,
+		Pieces: []rehome.Piece{{Start: 0x1000, End: 0x5000, Path: "/m/a"}, {Start: 0x5000, End: 0x9000, Path: "/m/b"}}}}}
+	stream := func(msgs ...Request) *json.Decoder {
+		var b bytes.Buffer
+		for _, m := range msgs {
+			if err := json.NewEncoder(&b).Encode(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return json.NewDecoder(&b)
+	}
+	preload := Request{Preload: true, Hop: &Hop{Regions: regions}}
+	named := Request{Pids: []int{7}, Hop: &Hop{HostFile: "/h", Inside: "/i", Preloaded: true}}
+
+	req, err := readRequest(stream(preload, named))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Preload || len(req.Pids) != 1 || req.Hop == nil || req.Hop.HostFile != "/h" || len(req.Hop.Regions) != 1 ||
+		len(req.Hop.Regions[0].VMA.Pieces) != 2 || req.Hop.Regions[0].VMA.Pieces[1].Path != "/m/b" {
+		t.Errorf("preload, then a request naming it: %+v", req)
+	}
+	// A request carrying its own regions (another container's move took
+	// the helper) keeps them.
+	own := Request{Pids: []int{8}, Hop: &Hop{HostFile: "/h2", Regions: []Region{{Pid: 8}}}}
+	if req, err := readRequest(stream(preload, own)); err != nil || len(req.Hop.Regions) != 1 || req.Hop.Regions[0].Pid != 8 {
+		t.Errorf("preload, then a request with its own regions: %+v, %v", req, err)
+	}
+	// No hop at all: the preload is ignored.
+	if req, err := readRequest(stream(preload, Request{Pids: []int{9}})); err != nil || req.Hop != nil || req.Pids[0] != 9 {
+		t.Errorf("preload, then a request without a hop: %+v, %v", req, err)
+	}
+	if _, err := readRequest(stream(named)); err == nil {
+		t.Error("a request naming preloaded regions that never came was taken")
+	}
+	if _, err := readRequest(stream(preload)); err == nil {
+		t.Error("a preload with no request after it was taken as a request")
+	}
+}
