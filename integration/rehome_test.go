@@ -693,7 +693,7 @@ func TestRehomeManyForksConsolidate(t *testing.T) {
 // shim's cgroups, and not past LAZYFORK_REHOME_STANDBY; LAZYFORK_REHOME_STANDBY=off
 // starts none.
 func TestRehomeStandbyHelper(t *testing.T) {
-	const wait = 3 * time.Second
+	const wait = 8 * time.Second // the steps before its expiry take about a second
 	e := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_STANDBY=" + wait.String()}})
 	ctx := e.ctx(t)
 	img, err := e.ImportImage(ctx, "python")

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -453,9 +454,10 @@ func (s *Service) startStandbyHelper(ctx context.Context) {
 		return
 	}
 	standbyMu.Lock()
-	defer standbyMu.Unlock()
-	if standby != nil && standby.timer.Stop() {
-		standby.timer.Reset(ttl)
+	old := standby
+	if old != nil && old.timer.Stop() {
+		old.timer.Reset(ttl)
+		standbyMu.Unlock()
 		return
 	}
 	sb := &standbyHelper{ready: make(chan struct{})}
@@ -471,6 +473,12 @@ func (s *Service) startStandbyHelper(ctx context.Context) {
 			sb.discard()
 		}
 	})
+	standbyMu.Unlock()
+	if old != nil {
+		// Its wait ended as this began: its timer's call no longer finds
+		// it there, so it is stopped here.
+		old.discard()
+	}
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		defer close(sb.ready)
@@ -495,6 +503,10 @@ func takeStandbyHelper() *helperProc {
 	sb.timer.Stop()
 	<-sb.ready
 	sb.sending.Wait()
+	if sb.h != nil && sb.h.cmd.Process.Signal(syscall.Signal(0)) != nil {
+		sb.h.stop() // gone while it waited (killed): the move starts its own
+		return nil
+	}
 	return sb.h
 }
 
