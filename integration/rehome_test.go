@@ -370,12 +370,7 @@ func TestRehomeHelperHangs(t *testing.T) {
 // says what failed (logged).
 func forkPastFailedMove(t *testing.T, env []string, calls int, logged string) {
 	t.Helper()
-	e := startLF(t, harness.Options{Env: env})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t, env...)
 	lf := e.lfClient()
 	parent := e.startCounter(t, ctx, img, "failmove-"+lfRandom(3), 64)
 	for i := 1; i <= calls; i++ {
@@ -694,12 +689,7 @@ func TestRehomeManyForksConsolidate(t *testing.T) {
 // starts none.
 func TestRehomeStandbyHelper(t *testing.T) {
 	const wait = 8 * time.Second // the steps before its expiry take about a second
-	e := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_STANDBY=" + wait.String()}})
-	ctx := e.ctx(t)
-	img, err := e.ImportImage(ctx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, img := startLFPython(t, "LAZYFORK_REHOME_STANDBY="+wait.String())
 	lf := e.lfClient()
 	parent := e.startCounter(t, ctx, img, "standby-"+lfRandom(3), 16)
 	shimPID := parentOf(int(parent.task.Pid()))
@@ -752,12 +742,7 @@ func TestRehomeStandbyHelper(t *testing.T) {
 	}
 
 	// Off: every move starts its own, none waits.
-	off := startLF(t, harness.Options{Env: []string{"LAZYFORK_REHOME_STANDBY=off"}})
-	offCtx := off.ctx(t)
-	offImg, err := off.ImportImage(offCtx, "python")
-	if err != nil {
-		t.Fatal(err)
-	}
+	off, offCtx, offImg := startLFPython(t, "LAZYFORK_REHOME_STANDBY=off")
 	p := off.startCounter(t, offCtx, offImg, "nostandby-"+lfRandom(3), 16)
 	res, err := off.lfClient().Fork(offCtx, p.id, 1, off.logIO())
 	if err != nil {

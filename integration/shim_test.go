@@ -98,9 +98,9 @@ func (e *lfEnv) ctx(t *testing.T) context.Context {
 
 // startLFPython is startLF with default options and the python image
 // imported: what most container tests begin with.
-func startLFPython(t *testing.T) (*lfEnv, context.Context, containerd.Image) {
+func startLFPython(t *testing.T, env ...string) (*lfEnv, context.Context, containerd.Image) {
 	t.Helper()
-	e := startLF(t, harness.Options{})
+	e := startLF(t, harness.Options{Env: env})
 	ctx := e.ctx(t)
 	img, err := e.ImportImage(ctx, "python")
 	if err != nil {
