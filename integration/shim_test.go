@@ -35,7 +35,7 @@ type lfEnv struct {
 }
 
 // lfBin returns a directory with LazyFork's binaries: $LAZYFORK_BIN (make
-// integration) or a fresh build.
+// integration) or a fresh `make build` into a temporary directory.
 func lfBin(t testing.TB) string {
 	t.Helper()
 	if d := os.Getenv("LAZYFORK_BIN"); d != "" {
@@ -47,8 +47,11 @@ func lfBin(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Everything `make build` puts beside the shim: the move's helper
+	// (lazyfork-rehome) and the CRIU proxy too, which the shim uses when it
+	// finds them and the tests check it does.
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-lazyfork-v1", "./cmd/containerd-shim-lazyfork-v1-full", "./cmd/lazyfork", "./cmd/lazyfork-snapshotter")
+	cmd := exec.Command("make", "--no-print-directory", "build", "BINDIR="+dir)
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build LazyFork binaries: %v\n%s", err, out)
