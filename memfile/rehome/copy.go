@@ -261,9 +261,10 @@ func heldRuns(pid int, pm *os.File, pmbuf []byte, v VMA, start, end uint64, fn f
 		// .data: the clean pages are the file's bytes, not holes.
 		return fn(start, (end-start)/pageSize)
 	}
-	if v.Prepared {
-		// The slot holds the files' bytes: only the process's own
-		// copies (anonymous pages inside the file mappings) go on top.
+	if v.Prepared || v.PreCopied {
+		// The slot holds the files' bytes (or the precopy's): only the
+		// process's own copies (anonymous pages inside the file
+		// mappings; written since the precopy) go on top.
 		written := v.written
 		if !v.scanned {
 			var err error
@@ -351,6 +352,8 @@ type copier struct {
 	buf     []byte
 	pmbuf   []byte
 	written int64
+	// held, if not nil, records by slot the runs of held pages copied.
+	held map[int][][2]uint64
 }
 
 var zeroPage [pageSize]byte
@@ -358,6 +361,9 @@ var zeroPage [pageSize]byte
 // window copies the held pages of v in [start, end).
 func (c *copier) window(v VMA, start, end uint64) error {
 	return heldRuns(c.pid, c.pm, c.pmbuf, v, start, end, func(addr, n uint64) error {
+		if c.held != nil {
+			c.held[v.Slot] = append(c.held[v.Slot], [2]uint64{addr, addr + n*pageSize})
+		}
 		return c.run(v, addr, n)
 	})
 }
@@ -383,7 +389,7 @@ func (c *copier) run(v VMA, addr, n uint64) error {
 		}
 	}
 	base := v.Offset() + int64(addr-v.Start)
-	if v.Prepared {
+	if v.Prepared || v.PreCopied {
 		// Zeros too: the slot holds the file's bytes there, not a hole.
 		w, err := c.f.WriteAt(b, base)
 		c.written += int64(w)

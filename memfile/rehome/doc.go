@@ -99,6 +99,12 @@
 // pages written since on top and maps the region whole. The shim prepares
 // after a checkpoint's thaw and maps at the next move (shim/rehome.go).
 //
+// A first move can copy most of the heap before the freeze: PreCopy
+// write-protects the VMAs through a userfaultfd made in the process
+// (Tracee.Userfaultfd, asynchronous mode: nothing waits on it) and copies
+// them while the process runs; the move reads the pages written since
+// (PAGEMAP_SCAN, PAGE_IS_WRITTEN) and copies only those (VMA.PreCopied).
+//
 // What a converted process loses: the advice and properties of the
 // anonymous VMAs that a file mapping cannot carry (MADV_HUGEPAGE, KSM
 // merging, [anon:name] names); VMAs with properties that matter are left

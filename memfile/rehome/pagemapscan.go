@@ -43,6 +43,13 @@ var errNoScan = errors.New("no PAGEMAP_SCAN")
 // pagemap entries. guard reports a guard region (MADV_GUARD_INSTALL) among
 // them. errNoScan: the caller reads the pagemap instead.
 func scanWritten(pm *os.File, start, end uint64) (runs [][2]uint64, guard bool, err error) {
+	return scanPages(pm, start, end, pageIsFile, pageIsFile, pageIsPresent|pageIsSwapped)
+}
+
+// scanPages returns the runs of pages in [start, end) whose categories,
+// XORed with inverted, have every bit of mask and, if anyof is not 0, one
+// of anyof; guard reports a guard region among them.
+func scanPages(pm *os.File, start, end, mask, inverted, anyof uint64) (runs [][2]uint64, guard bool, err error) {
 	// From a pool, so on the heap, which does not move: the kernel writes
 	// the regions through an address held in arg, which a goroutine
 	// stack's growth (at the call itself) would leave pointing at the old
@@ -53,9 +60,8 @@ func scanWritten(pm *os.File, start, end uint64) (runs [][2]uint64, guard bool, 
 		b.arg = pmScanArg{
 			size: uint64(unsafe.Sizeof(pmScanArg{})), start: start, end: end,
 			vec: uint64(uintptr(unsafe.Pointer(&b.regs[0]))), vecLen: uint64(len(b.regs)),
-			categoryInverted: pageIsFile, categoryMask: pageIsFile,
-			categoryAnyof: pageIsPresent | pageIsSwapped,
-			returnMask:    pageIsGuard,
+			categoryInverted: inverted, categoryMask: mask, categoryAnyof: anyof,
+			returnMask: pageIsGuard,
 		}
 		n, _, e := unix.Syscall(unix.SYS_IOCTL, pm.Fd(), pagemapScan, uintptr(unsafe.Pointer(&b.arg)))
 		runtime.KeepAlive(pm) // its descriptor, until the ioctl returned

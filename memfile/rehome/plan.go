@@ -50,6 +50,10 @@ type VMA struct {
 	// copies, zeros included) and maps the whole region from the slot.
 	Prepared bool    `json:",omitempty"`
 	Pieces   []Piece `json:",omitempty"`
+	// PreCopied: a private anonymous VMA whose slot holds a copy made
+	// while the process ran (PreCopy): a move writes only the pages
+	// written since (zeros included) and maps it whole.
+	PreCopied bool `json:",omitempty"`
 	// written holds, once a move scanned a Prepared VMA whole (scanned),
 	// the runs of pages its process wrote: the move's chunks take theirs
 	// from it.
@@ -99,6 +103,10 @@ type PlanOptions struct {
 	// those ranges, and the plan's smaps read, the costliest read of a
 	// fragmented process, holds them already.
 	WipeOnFork func(start, end uint64)
+	// WriteProtected, when set, says whether a VMA registered with a
+	// userfaultfd for write protection (VmFlags "uw") is a precopy's
+	// (PreCopy.Protects): those are planned; any other stays as it is.
+	WriteProtected func(start, end uint64) bool
 }
 
 // Patch limits: runs of written pages closer than patchGap pages are one
@@ -174,7 +182,7 @@ func PlanWith(pid int, opts PlanOptions) ([]VMA, error) {
 		}
 		skip := false
 		for _, fl := range bytes.Fields(rest) {
-			if skipFlags[string(fl)] {
+			if skipFlags[string(fl)] && (string(fl) != "uw" || opts.WriteProtected == nil || !opts.WriteProtected(cur.Start, cur.End)) {
 				ok, skip = false, true
 			}
 			if string(fl) == "wf" && opts.WipeOnFork != nil {

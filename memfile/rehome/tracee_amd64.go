@@ -805,7 +805,7 @@ func (t *Tracee) move(pid int, path string, vmas []VMA, chunk uint64) ([]VMA, Co
 	maps := mapBatch{p: p, fd: fd, path: path, chunk: chunk, failed: failed, st: &st, errs: &errs}
 vmaLoop:
 	for vi, v := range vmas {
-		if v.Prepared {
+		if v.Prepared && !v.scanned {
 			// Scanned whole before its first chunk: a guard page
 			// in a later chunk fails the region before any of it
 			// is mapped, not once it is split.
@@ -1013,4 +1013,44 @@ func (t *Tracee) Filters(pid int) (chains [][][]byte, err error) {
 		return nil
 	})
 	return chains, err
+}
+
+// Userfaultfd creates a userfaultfd in process pid (injected
+// userfaultfd(2), user-mode faults only, so no capability is needed), takes
+// it into the caller (pidfd_getfd) and closes the process's own: the
+// process holds nothing, and the caller's ioctls act on the process's
+// memory (StartPreCopy).
+func (t *Tracee) Userfaultfd(pid int) (*os.File, error) {
+	var f *os.File
+	err := t.do(func() error {
+		p, err := t.proc(pid)
+		if err != nil {
+			return err
+		}
+		r, err := p.syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly)
+		if err != nil {
+			return err
+		}
+		if e := errno(r); e != nil {
+			return fmt.Errorf("rehome: process %d: userfaultfd: %w", pid, e)
+		}
+		pidfd, err := unix.PidfdOpen(pid, 0)
+		if err == nil {
+			var fd int
+			fd, err = unix.PidfdGetfd(pidfd, int(r), 0)
+			unix.Close(pidfd)
+			if err == nil {
+				f = os.NewFile(uintptr(fd), fmt.Sprintf("userfaultfd of %d", pid))
+			}
+		}
+		if err != nil {
+			err = fmt.Errorf("rehome: process %d: take its userfaultfd: %w", pid, err)
+		}
+		return errors.Join(err, p.close(r))
+	})
+	if err != nil && f != nil {
+		f.Close()
+		f = nil
+	}
+	return f, err
 }

@@ -45,3 +45,6 @@ func (t *Tracee) MoveFile(pid int, host *os.File, path string, vmas []VMA, chunk
 
 // Filters is not implemented on this architecture.
 func (t *Tracee) Filters(pid int) ([][][]byte, error) { return nil, supported() }
+
+// Userfaultfd: linux/amd64 only.
+func (t *Tracee) Userfaultfd(pid int) (*os.File, error) { return nil, supported() }
