@@ -54,6 +54,16 @@ type Request struct {
 	// pieces, some milliseconds to encode and decode), which the request's
 	// Hop then names by Hop.Preloaded instead of carrying them.
 	Preload bool `json:"preload,omitempty"`
+	// PreCopy marks a message sent ahead of the request, while the
+	// container runs: copy its private anonymous memory into HostFile now
+	// (rehome.PreCopy; Freezer, Pids and MemDir as in a move), answer with
+	// a Reply line (PreCopied bytes), and wait for the request, whose move
+	// then copies only the pages written since. The helper is in the
+	// container's memory cgroup while it copies.
+	PreCopy bool `json:"preCopy,omitempty"`
+	// PreCopied, with a move: HostFile may hold a precopy. A helper that
+	// did not make it (another took its place) empties the file first.
+	PreCopied bool `json:"preCopied,omitempty"`
 	// ChargedTo is the memory cgroup the helper writes the file from (the
 	// container's, unless it could not join it): not sent, for the record.
 	ChargedTo string `json:"-"`
@@ -82,9 +92,19 @@ type Reply struct {
 	Prepared int64    `json:"prepared,omitempty"`
 	// Hopped counts the regions a Hop mapped from its file; HopErr says
 	// why others were not (they keep their mappings).
-	Hopped   int    `json:"hopped,omitempty"`
-	HopBytes int64  `json:"hopBytes,omitempty"` // written since the preparation, on top
-	HopErr   string `json:"hopErr,omitempty"`
+	// PreCopied is what a PreCopy copied (PreCopyVMAs VMAs, in PreCopy
+	// time, of which Frozen with the container frozen); in a move's reply,
+	// what the move took from it (PreCopiedVMAs VMAs, their pages written
+	// since on top).
+	PreCopied     int64         `json:"preCopied,omitempty"`
+	PreCopyVMAs   int           `json:"preCopyVMAs,omitempty"`
+	PreCopy       time.Duration `json:"preCopy,omitempty"`
+	Frozen        time.Duration `json:"frozen,omitempty"`
+	Protect       time.Duration `json:"protect,omitempty"`
+	PreCopiedVMAs int           `json:"preCopiedVMAs,omitempty"`
+	Hopped        int           `json:"hopped,omitempty"`
+	HopBytes      int64         `json:"hopBytes,omitempty"` // written since the preparation, on top
+	HopErr        string        `json:"hopErr,omitempty"`
 	// Replaced are the ranges of older memory files whose pages the
 	// processes no longer map (written since, now moved), for
 	// Store.PunchUnused; only from a move that finished.
@@ -124,7 +144,14 @@ type Reply struct {
 // write the Reply to stdout.
 func Run(stdin io.Reader, stdout io.Writer) error {
 	dec := json.NewDecoder(stdin)
-	req, err := readRequest(dec)
+	var pre *preCopied
+	defer func() { pre.discard(nil) }()
+	req, err := readRequest(dec, func(r *Request) error {
+		pre.discard(nil) // one at a time
+		var reply Reply
+		pre, reply = preCopy(r)
+		return json.NewEncoder(stdout).Encode(reply)
+	})
 	if err != nil {
 		return err
 	}
@@ -135,7 +162,8 @@ func Run(stdin io.Reader, stdout io.Writer) error {
 	if req.Prepare {
 		reply = prepare(&req, joined)
 	} else {
-		reply = moveAll(&req, joined)
+		reply = moveAll(&req, joined, pre)
+		pre = nil
 	}
 	// Not before the shim is done with this process's pid, even when
 	// nothing moved.
@@ -144,13 +172,20 @@ func Run(stdin io.Reader, stdout io.Writer) error {
 }
 
 // readRequest reads the request, after the Preload messages before it (the
-// last one's regions stand for the request's Hop.Preloaded).
-func readRequest(dec *json.Decoder) (Request, error) {
+// last one's regions stand for the request's Hop.Preloaded) and the PreCopy
+// ones, each handed to preCopy as it comes.
+func readRequest(dec *json.Decoder, preCopy func(*Request) error) (Request, error) {
 	var preloaded []Region
 	for {
 		var req Request
 		if err := dec.Decode(&req); err != nil {
 			return req, fmt.Errorf("decode request: %w", err)
+		}
+		if req.PreCopy {
+			if err := preCopy(&req); err != nil {
+				return req, fmt.Errorf("precopy reply: %w", err)
+			}
+			continue
 		}
 		if req.Preload {
 			if req.Hop != nil {
@@ -170,19 +205,38 @@ func readRequest(dec *json.Decoder) (Request, error) {
 
 // moveAll moves the tree of req; joined returns once the helper is in the
 // container's memory cgroup, and is called before anything is written.
-func moveAll(req *Request, joined func()) (reply Reply) {
+func moveAll(req *Request, joined func(), pre *preCopied) (reply Reply) {
 	fail := func(err error) Reply { reply.Err = err.Error(); return reply }
 	f, err := os.OpenFile(req.HostFile, os.O_RDWR, 0)
 	if err != nil {
+		pre.discard(nil)
 		return fail(err)
 	}
 	defer f.Close()
 	t0 := time.Now()
 	tr, err := rehome.Seize(req.Freezer, req.Pids...)
 	if err != nil {
+		pre.discard(nil)
+		if req.PreCopied {
+			err = errors.Join(err, f.Truncate(0))
+		}
 		return fail(err)
 	}
 	reply.Seize = time.Since(t0)
+	// A precopy of this file is used, every process stopped; any other
+	// copy in it (a precopy another helper made) goes.
+	pre, err = pre.finish(f)
+	if err != nil {
+		tr.Detach()
+		return fail(err)
+	}
+	if pre == nil && req.PreCopied {
+		if err := f.Truncate(0); err != nil {
+			tr.Detach()
+			return fail(fmt.Errorf("drop a precopy: %w", err))
+		}
+	}
+	applied := map[int]bool{}
 	var errs []error
 	defer func() {
 		if err := tr.Detach(); err != nil {
@@ -231,7 +285,19 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			defer hop.Close()
 		}
 	}
-	slot := 0
+	slot := pre.slotsUsed()
+	defer func() {
+		// Precopied processes gone or not planned: their slots go. The
+		// userfaultfds close once the VMAs they protect are replaced.
+		for _, pc := range pre.all() {
+			if !applied[pc.Pid] {
+				if err := pc.Drop(f); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			pc.Close()
+		}
+	}()
 	for _, pid := range req.Pids {
 		if hop != nil {
 			// Prepared regions first: the plan below then finds no
@@ -297,9 +363,13 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 		// after a move, nothing the processes wrote stays private.
 		t1 := time.Now()
 		var wiped [][2]uint64
-		vmas, err := rehome.PlanWith(pid, rehome.PlanOptions{MemDir: req.MemDir, WipeOnFork: func(start, end uint64) {
+		opts := rehome.PlanOptions{MemDir: req.MemDir, WipeOnFork: func(start, end uint64) {
 			wiped = append(wiped, [2]uint64{start, end})
-		}})
+		}}
+		if pc := pre.of(pid); pc != nil {
+			opts.WriteProtected = pc.Protects
+		}
+		vmas, err := rehome.PlanWith(pid, opts)
 		reply.Plan += time.Since(t1)
 		if err != nil {
 			errs = append(errs, err)
@@ -313,12 +383,26 @@ func moveAll(req *Request, joined func()) (reply Reply) {
 			vmas = guardable(tr, pid, madvguard.Mode(req.Mode), vmas)
 			reply.Unguardable += n - len(vmas)
 		}
-		// One file for the tree: each process's VMAs in slots of their own.
-		used := slotsUsed(vmas)
-		for i := range vmas {
-			vmas[i].Slot += slot
+		// One file for the tree: each process's VMAs in slots of their own
+		// (a precopy's where they are the same mappings).
+		if pc := pre.of(pid); pc != nil {
+			if vmas, err = pc.Apply(vmas, f, &slot); err != nil {
+				errs = append(errs, err)
+				return reply
+			}
+			applied[pid] = true
+			for _, v := range vmas {
+				if v.PreCopied {
+					reply.PreCopiedVMAs++
+				}
+			}
+		} else {
+			used := slotsUsed(vmas)
+			for i := range vmas {
+				vmas[i].Slot += slot
+			}
+			slot += used
 		}
-		slot += used
 		if len(vmas) == 0 {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -153,7 +154,7 @@ func TestReadRequestPreloaded(t *testing.T) {
 	preload := Request{Preload: true, Hop: &Hop{Regions: regions}}
 	named := Request{Pids: []int{7}, Hop: &Hop{HostFile: "/h", Inside: "/i", Preloaded: true}}
 
-	req, err := readRequest(stream(preload, named))
+	req, err := readRequest(stream(preload, named), noPreCopy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,17 +165,19 @@ func TestReadRequestPreloaded(t *testing.T) {
 	// A request carrying its own regions (another container's move took
 	// the helper) keeps them.
 	own := Request{Pids: []int{8}, Hop: &Hop{HostFile: "/h2", Regions: []Region{{Pid: 8}}}}
-	if req, err := readRequest(stream(preload, own)); err != nil || len(req.Hop.Regions) != 1 || req.Hop.Regions[0].Pid != 8 {
+	if req, err := readRequest(stream(preload, own), noPreCopy); err != nil || len(req.Hop.Regions) != 1 || req.Hop.Regions[0].Pid != 8 {
 		t.Errorf("preload, then a request with its own regions: %+v, %v", req, err)
 	}
 	// No hop at all: the preload is ignored.
-	if req, err := readRequest(stream(preload, Request{Pids: []int{9}})); err != nil || req.Hop != nil || req.Pids[0] != 9 {
+	if req, err := readRequest(stream(preload, Request{Pids: []int{9}}), noPreCopy); err != nil || req.Hop != nil || req.Pids[0] != 9 {
 		t.Errorf("preload, then a request without a hop: %+v, %v", req, err)
 	}
-	if _, err := readRequest(stream(named)); err == nil {
+	if _, err := readRequest(stream(named), noPreCopy); err == nil {
 		t.Error("a request naming preloaded regions that never came was taken")
 	}
-	if _, err := readRequest(stream(preload)); err == nil {
+	if _, err := readRequest(stream(preload), noPreCopy); err == nil {
 		t.Error("a preload with no request after it was taken as a request")
 	}
 }
+
+func noPreCopy(*Request) error { return errors.New("no precopy expected") }
