@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -118,6 +119,12 @@ func TestRehome(t *testing.T) {
 	// The move ran the small helper binary, not the shim's own.
 	if l := e.Log(); !strings.Contains(l, "helper=lazyfork-rehome") {
 		t.Errorf("the move did not run lazyfork-rehome (shim log: %q)", grepLines(l, "moved onto memory file"))
+	}
+	// The move took the precopy made at the client's snapshot intent,
+	// before the freeze (LAZYFORK_PRECOPY, on by default): the heap's
+	// VMAs came from it, only what the parent wrote since on top.
+	if l := grepLines(e.Log(), "moved onto memory file"); !regexp.MustCompile(`precopied_vmas=[1-9]`).MatchString(l) {
+		t.Errorf("the first move took no precopy (move: %q; precopy: %q)", l, grepLines(e.Log(), "precopy"))
 	}
 	st, err := parent.task.Status(ctx)
 	if err != nil || st.Status != containerd.Running {

@@ -59,6 +59,9 @@ type Config struct {
 	// RehomeStandby is how long a started move helper waits for the next
 	// move (standbyHelper; 0: none waits, each move starts its own).
 	RehomeStandby time.Duration
+	// PreCopy copies a container's memory before its first move's freeze,
+	// when a client announces the snapshot (precopy.go).
+	PreCopy bool
 	// RuncRoot is runc's state root for containers whose runtime options name
 	// none ("": runc's /run/containerd/runc). CgroupParent, when set, holds the
 	// cgroups of containers that have containerd's default cgroupsPath
@@ -112,17 +115,24 @@ func (c Config) MemRoot() string { return api.Root(c.Root).Mem() }
 
 // ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE, LAZYFORK_OVERCOMMIT,
 // LAZYFORK_CRIU_VERBOSITY, LAZYFORK_MADVISE, LAZYFORK_ARCHIVE_DIRS,
-// LAZYFORK_RESTORE_TIMEOUT, LAZYFORK_REHOME, LAZYFORK_REHOME_STANDBY,
+// LAZYFORK_RESTORE_TIMEOUT, LAZYFORK_REHOME, LAZYFORK_REHOME_STANDBY, LAZYFORK_PRECOPY,
 // LAZYFORK_RUNC_ROOT and LAZYFORK_CGROUP_PARENT.
 func ConfigFromEnv() (Config, error) {
 	c := Config{Root: api.DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
-		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true, RehomeStandby: DefaultRehomeStandby}
+		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true, RehomeStandby: DefaultRehomeStandby, PreCopy: true}
 	switch v := os.Getenv("LAZYFORK_REHOME"); v {
 	case "", "on", "true", "1":
 	case "off", "false", "0":
 		c.Rehome = false
 	default:
 		return c, fmt.Errorf("LAZYFORK_REHOME %q: want on or off: %w", v, errdefs.ErrInvalidArgument)
+	}
+	switch v := os.Getenv("LAZYFORK_PRECOPY"); v {
+	case "", "on", "true", "1":
+	case "off", "false", "0":
+		c.PreCopy = false
+	default:
+		return c, fmt.Errorf("LAZYFORK_PRECOPY %q: want on or off: %w", v, errdefs.ErrInvalidArgument)
 	}
 	if v, ok := os.LookupEnv("LAZYFORK_ARCHIVE_DIRS"); ok {
 		c.ArchiveDirs = nil

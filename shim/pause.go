@@ -32,6 +32,7 @@ func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 	defer s.trim.begin()() // a checkpoint follows: no tight memory limit now
 	warmForMove(ctx)       // and its move's helper joins the task's memory cgroup
 	if st, err := s.stateOf(ctx, r.ID); err == nil {
+		s.waitPreCopy(st.Namespace + "/" + st.ID)
 		ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
 		running := err == nil && ts.Status == tasktypes.Status_RUNNING
 		if due, bound := s.consolidationDue(st); due && running {
@@ -67,6 +68,7 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	// A snapshot follows: its move's helper starts now (standbyHelper).
 	if s.movesAtCheckpoint(st) {
 		s.startStandbyHelper(ctx)
+		s.startPreCopy(ctx, st)
 	}
 	if in.GetFreezeInShim() {
 		s.noteFreezeIntent(r.ID)

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -114,9 +115,12 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	if err != nil {
 		return res, err
 	}
-	pf, err := store.CreateFile(st.Family)
-	if err != nil {
-		return res, err
+	key := st.Namespace + "/" + st.ID
+	pf, preCopied := takePreCopy(key)
+	if pf == nil {
+		if pf, err = store.CreateFile(st.Family); err != nil {
+			return res, err
+		}
 	}
 	holder := movedHolder(st.Namespace, st.ID, pf.Name())
 	if err := pf.Publish(holder); err != nil {
@@ -159,9 +163,8 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 	res.File = pf.Name()
 	req := movehelper.Request{
 		Freezer: freezer, Pids: pids, HostFile: pf.Path(), Inside: filepath.Join(memfile.MountPath, pf.Name()),
-		Guard: guard, Mode: int(mode), Chunk: chunk, MemDir: memfile.MountPath,
+		Guard: guard, Mode: int(mode), Chunk: chunk, MemDir: memfile.MountPath, PreCopied: preCopied,
 	}
-	key := st.Namespace + "/" + st.ID
 	hop = takePrepared(key)
 	hopped := false // or maybe: a helper that failed may have mapped some
 	if hop != nil {
@@ -269,6 +272,7 @@ type helperProc struct {
 	cmd            *exec.Cmd
 	stdin          io.WriteCloser
 	stdout, stderr io.ReadCloser
+	out            *bufio.Reader // stdout's: a precopy's reply line, then the move's
 	run            helperRun
 	// preloaded is the consolidation whose regions went ahead of the
 	// request (standbyHelper.preload).
@@ -291,6 +295,7 @@ func (s *Service) startHelper() (*helperProc, error) {
 	var err error
 	if h.stdin, err = cmd.StdinPipe(); err == nil {
 		if h.stdout, err = cmd.StdoutPipe(); err == nil {
+			h.out = bufio.NewReader(h.stdout)
 			h.stderr, err = cmd.StderrPipe()
 		}
 	}
@@ -399,7 +404,7 @@ func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehel
 		b, _ := io.ReadAll(io.LimitReader(h.stderr, 64<<10))
 		errOut <- b
 	}()
-	out, rerr := io.ReadAll(h.stdout)
+	out, rerr := io.ReadAll(h.out)
 	stderr := <-errOut
 	timer.Stop()
 	stopCancel()
@@ -462,17 +467,7 @@ func (s *Service) startStandbyHelper(ctx context.Context) {
 	}
 	sb := &standbyHelper{ready: make(chan struct{})}
 	standby = sb
-	sb.timer = time.AfterFunc(ttl, func() {
-		standbyMu.Lock()
-		mine := standby == sb
-		if mine {
-			standby = nil
-		}
-		standbyMu.Unlock()
-		if mine {
-			sb.discard()
-		}
-	})
+	sb.expireAfter(ttl)
 	standbyMu.Unlock()
 	if old != nil {
 		// Its wait ended as this began: its timer's call no longer finds
@@ -489,6 +484,39 @@ func (s *Service) startStandbyHelper(ctx context.Context) {
 		}
 		sb.h = h
 	}()
+}
+
+// expireAfter stops the helper once it has waited ttl. Called with
+// standbyMu held.
+func (sb *standbyHelper) expireAfter(ttl time.Duration) {
+	sb.timer = time.AfterFunc(ttl, func() {
+		standbyMu.Lock()
+		mine := standby == sb
+		if mine {
+			standby = nil
+		}
+		standbyMu.Unlock()
+		if mine {
+			sb.discard()
+		}
+	})
+}
+
+// putStandbyHelper has a started helper wait for the next move (the one
+// that made a precopy: the move of its container takes it), in place of any
+// other.
+func putStandbyHelper(h *helperProc, ttl time.Duration) {
+	sb := &standbyHelper{ready: make(chan struct{}), h: h}
+	close(sb.ready)
+	standbyMu.Lock()
+	old := standby
+	standby = sb
+	sb.expireAfter(ttl)
+	standbyMu.Unlock()
+	if old != nil {
+		old.timer.Stop()
+		old.discard()
+	}
 }
 
 // takeStandbyHelper returns the waiting helper, once started, if any.
@@ -638,7 +666,7 @@ func cgroupProcs(dir string) ([]int, error) {
 // logRehome reports a move.
 func logRehome(ctx context.Context, id string, res rehomeResult, err error) {
 	l := log.G(ctx).WithFields(log.Fields{"id": id, "file": res.File, "vmas": res.VMAs, "bytes": res.Bytes, "by_helper": res.ByTracer, "duration": res.Duration, "helper_run": res.HelperRun, "join": res.Join,
-		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "map": res.Helper.Map, "map_batched": res.Helper.Batched, "consolidation": res.Helper.Hop, "consolidation_check": res.Helper.HopCheck, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary, "standby": res.Standby, "preloaded": res.Preloaded,
+		"seize": res.Helper.Seize, "plan": res.Helper.Plan, "copy_map": res.Helper.Move, "map": res.Helper.Map, "map_batched": res.Helper.Batched, "consolidation": res.Helper.Hop, "consolidation_check": res.Helper.HopCheck, "guard": res.Helper.Guard, "writes": res.Helper.Calls, "replaced_ranges": len(res.Helper.Replaced), "helper": res.Binary, "standby": res.Standby, "preloaded": res.Preloaded, "precopied_vmas": res.Helper.PreCopiedVMAs,
 		"consolidated": res.Helper.Hopped, "consolidated_bytes": res.Helper.HopBytes})
 	if res.Helper.FilterErr != "" {
 		l = l.WithField("guard_filters_unread", res.Helper.FilterErr)
