@@ -16,11 +16,11 @@ import (
 // the move and of the checkpoint, and, for the call's fork, its memory as the
 // kernel accounts it.
 
-var logField = regexp.MustCompile(`\b(seize|plan|copy_map|map|map_batched|consolidation|consolidation_check|guard|helper_run|join|writes|vmas|move|dump|until_thaw|wipe_read|duration|pages_kept|pages_moved|rebased|replaced_ranges)=("[^"]*"|\S+)`)
+var logField = regexp.MustCompile(`\b(seize|plan|copy_map|map|map_batched|consolidation|consolidation_check|guard|helper_run|join|writes|vmas|move|dump|until_thaw|wipe_read|duration|pages_kept|pages_moved|rebased|replaced_ranges|precopied|precopied_vmas|frozen|protect)=("[^"]*"|\S+)`)
 
 // phases is the shim's account of the last move and checkpoint of id.
 func (b *bench) phases(id string) string {
-	var moved, ckpt string
+	var moved, ckpt, pre string
 	for _, l := range strings.Split(b.h.Log(), "\n") {
 		if !strings.Contains(l, "id="+id+" ") {
 			continue
@@ -31,6 +31,9 @@ func (b *bench) phases(id string) string {
 		if strings.Contains(l, "checkpoint rewritten") {
 			ckpt = l
 		}
+		if strings.Contains(l, "lazyfork: precopy") {
+			pre = l
+		}
 	}
 	f := func(l string) string {
 		var out []string
@@ -39,7 +42,7 @@ func (b *bench) phases(id string) string {
 		}
 		return strings.Join(out, " ")
 	}
-	return "move[" + f(moved) + "] checkpoint[" + f(ckpt) + "]"
+	return "precopy[" + f(pre) + "] move[" + f(moved) + "] checkpoint[" + f(ckpt) + "]"
 }
 
 // memBreakdown is one process's memory and its memory cgroup's (cgroup v1).
