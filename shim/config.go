@@ -120,19 +120,19 @@ func (c Config) MemRoot() string { return api.Root(c.Root).Mem() }
 func ConfigFromEnv() (Config, error) {
 	c := Config{Root: api.DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
 		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true, RehomeStandby: DefaultRehomeStandby, PreCopy: true}
-	switch v := os.Getenv("LAZYFORK_REHOME"); v {
-	case "", "on", "true", "1":
-	case "off", "false", "0":
-		c.Rehome = false
-	default:
-		return c, fmt.Errorf("LAZYFORK_REHOME %q: want on or off: %w", v, errdefs.ErrInvalidArgument)
-	}
-	switch v := os.Getenv("LAZYFORK_PRECOPY"); v {
-	case "", "on", "true", "1":
-	case "off", "false", "0":
-		c.PreCopy = false
-	default:
-		return c, fmt.Errorf("LAZYFORK_PRECOPY %q: want on or off: %w", v, errdefs.ErrInvalidArgument)
+	for _, o := range []struct {
+		name string
+		v    *bool
+	}{{"LAZYFORK_REHOME", &c.Rehome}, {"LAZYFORK_PRECOPY", &c.PreCopy}} {
+		switch v := os.Getenv(o.name); v {
+		case "":
+		case "on", "true", "1":
+			*o.v = true
+		case "off", "false", "0":
+			*o.v = false
+		default:
+			return c, fmt.Errorf("%s %q: want on or off: %w", o.name, v, errdefs.ErrInvalidArgument)
+		}
 	}
 	if v, ok := os.LookupEnv("LAZYFORK_ARCHIVE_DIRS"); ok {
 		c.ArchiveDirs = nil

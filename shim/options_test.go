@@ -141,6 +141,18 @@ func TestConfigFromEnv(t *testing.T) {
 	if err != nil || c.Overcommit != "" || c.MemRoot() != "/tmp/x/mem" || c.TmpfsSize <= 0 {
 		t.Errorf("config %+v %v", c, err)
 	}
+	if !c.Rehome || !c.PreCopy {
+		t.Errorf("the move and its precopy are not on by default: %+v", c)
+	}
+	t.Setenv("LAZYFORK_PRECOPY", "off")
+	if c, err := ConfigFromEnv(); err != nil || c.PreCopy || !c.Rehome {
+		t.Errorf("LAZYFORK_PRECOPY=off: %+v %v", c, err)
+	}
+	t.Setenv("LAZYFORK_PRECOPY", "sometimes")
+	if _, err := ConfigFromEnv(); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("LAZYFORK_PRECOPY=sometimes: %v", err)
+	}
+	t.Setenv("LAZYFORK_PRECOPY", "")
 	t.Setenv("LAZYFORK_OVERCOMMIT", "3")
 	if _, err := ConfigFromEnv(); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("overcommit 3: %v", err)
