@@ -77,7 +77,8 @@ func memFiles(t *testing.T, root string) []string {
 // fork's stay apart; and its next snapshots are deltas: no new memory file,
 // a small image.
 func TestRehome(t *testing.T) {
-	e, ctx, img := startLFPython(t)
+	// A precopy for its 64 MiB heap too (by default from 128 MiB).
+	e, ctx, img := startLFPython(t, "LAZYFORK_PRECOPY=16M")
 	lf := e.lfClient()
 	parent := e.startCounter(t, ctx, img, "home-"+lfRandom(3), 64)
 	pid := parent.task.Pid()

@@ -64,9 +64,10 @@
 //	LAZYFORK_REHOME_STANDBY  how long a started move helper waits for the next move, so that
 //	                     its start-up (12-20 ms) is not in the pause: a duration (default 1m;
 //	                     at most one waits per shim) or "off"
-//	LAZYFORK_PRECOPY     "on" (default) or "off": copy a container's memory before its
-//	                     first move's freeze when a client announces the snapshot
-//	                     (precopy.go), so that the move copies only what it wrote since
+//	LAZYFORK_PRECOPY     "on" (default), "off", or a size such as 64M: copy a container's
+//	                     memory before its first move's freeze when a client announces
+//	                     the snapshot and it holds at least that much (default 128M;
+//	                     precopy.go), so that the move copies only what it wrote since
 //	LAZYFORK_CRIU_KDAT   "off": no kernel-feature cache for CRIU where /run is not a
 //	                     tmpfs (kerndat.go)
 //	LAZYFORK_CRIU_PROXY  "off": runc's PATH is left alone, so runc runs CRIU twice per

@@ -141,12 +141,20 @@ func TestConfigFromEnv(t *testing.T) {
 	if err != nil || c.Overcommit != "" || c.MemRoot() != "/tmp/x/mem" || c.TmpfsSize <= 0 {
 		t.Errorf("config %+v %v", c, err)
 	}
-	if !c.Rehome || !c.PreCopy {
+	if !c.Rehome || !c.PreCopy || c.PreCopyMin != DefaultPreCopyMin {
 		t.Errorf("the move and its precopy are not on by default: %+v", c)
 	}
 	t.Setenv("LAZYFORK_PRECOPY", "off")
 	if c, err := ConfigFromEnv(); err != nil || c.PreCopy || !c.Rehome {
 		t.Errorf("LAZYFORK_PRECOPY=off: %+v %v", c, err)
+	}
+	t.Setenv("LAZYFORK_PRECOPY", "16M")
+	if c, err := ConfigFromEnv(); err != nil || !c.PreCopy || c.PreCopyMin != 16<<20 {
+		t.Errorf("LAZYFORK_PRECOPY=16M: %+v %v", c, err)
+	}
+	t.Setenv("LAZYFORK_PRECOPY", "1GiB")
+	if c, err := ConfigFromEnv(); err != nil || c.PreCopyMin != 1<<30 {
+		t.Errorf("LAZYFORK_PRECOPY=1GiB: %+v %v", c, err)
 	}
 	t.Setenv("LAZYFORK_PRECOPY", "sometimes")
 	if _, err := ConfigFromEnv(); !errdefs.IsInvalidArgument(err) {

@@ -30,7 +30,7 @@ import (
 // only the pages written since. Pause waits for a precopy under way.
 //
 // Only for a container that has not moved yet (a later move is a delta
-// already), with at least movehelper.MinPreCopy to copy, on cgroup v1 (the
+// already), with at least Config.PreCopyMin to copy (128 MiB), on cgroup v1 (the
 // helper copies from the container's memory cgroup, which on v2 is the one
 // it freezes), with the standby helper on, and with room under its memory
 // limit for its memory twice (the precopy holds it twice until the move).
@@ -157,7 +157,7 @@ func (s *Service) preCopy(ctx context.Context, st *containerState, run *preCopyR
 		killed.Store(true)
 		_ = h.cmd.Process.Kill()
 	})
-	req := movehelper.Request{PreCopy: true, Freezer: freezer, Pids: pids, HostFile: pf.Path(), MemDir: memfile.MountPath}
+	req := movehelper.Request{PreCopy: true, Freezer: freezer, Pids: pids, HostFile: pf.Path(), MemDir: memfile.MountPath, MinBytes: s.cfg.PreCopyMin}
 	var reply movehelper.Reply
 	err = json.NewEncoder(h.stdin).Encode(&req)
 	if err == nil {

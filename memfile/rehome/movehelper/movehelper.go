@@ -61,6 +61,9 @@ type Request struct {
 	// then copies only the pages written since. The helper is in the
 	// container's memory cgroup while it copies.
 	PreCopy bool `json:"preCopy,omitempty"`
+	// MinBytes: a PreCopy is made only if the processes hold at least
+	// this much private anonymous memory (0: MinPreCopy).
+	MinBytes int64 `json:"minBytes,omitempty"`
 	// PreCopied, with a move: HostFile may hold a precopy. A helper that
 	// did not make it (another took its place) empties the file first.
 	PreCopied bool `json:"preCopied,omitempty"`

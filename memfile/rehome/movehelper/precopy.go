@@ -1,6 +1,7 @@
 package movehelper
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -13,9 +14,10 @@ import (
 )
 
 // MinPreCopy is the least private anonymous memory a container holds for a
-// precopy to be made: below it, the move's copy in the pause is a few
-// milliseconds, and a precopy would only add a freeze.
-const MinPreCopy = 16 << 20
+// precopy to be made, unless the request says (Request.MinBytes): below it,
+// the move's copy in the pause is short, and a precopy adds about as much to
+// the call.
+const MinPreCopy = 128 << 20
 
 // preCopied is the precopy a helper made (Request.PreCopy) and keeps for the
 // move: the file it wrote and each process's copy (with its userfaultfd,
@@ -64,7 +66,7 @@ func preCopy(req *Request) (*preCopied, Reply) {
 		}
 		plans = append(plans, planned{pid: pid, vmas: vmas})
 	}
-	if held < MinPreCopy {
+	if min := cmp.Or(req.MinBytes, MinPreCopy); int64(held) < min {
 		f.Close()
 		reply.PreCopy = time.Since(t0)
 		return nil, reply // nothing worth it: the move copies it all
