@@ -365,6 +365,15 @@ func TestRehomeHelperKilled(t *testing.T) {
 	forkPastFailedMove(t, []string{"LAZYFORK_REHOME_FAILPOINT=die-mid-move"}, 2, "move onto memory file incomplete")
 }
 
+// TestRehomeHelperKilledAfterPreCopy: the same, with the first move's helper
+// the one that made a precopy (its userfaultfds die with it).
+func TestRehomeHelperKilledAfterPreCopy(t *testing.T) {
+	e := forkPastFailedMove(t, []string{"LAZYFORK_REHOME_FAILPOINT=die-mid-move", "LAZYFORK_PRECOPY=16M"}, 2, "move onto memory file incomplete")
+	if l := grepLines(e.Log(), "lazyfork: precopy"); !regexp.MustCompile(`precopied=[1-9]`).MatchString(l) {
+		t.Errorf("no precopy before the move: %q", l)
+	}
+}
+
 // TestRehomeHelperHangs: a move's helper that hangs with part of the tree
 // moved is killed after the restore timeout; the fork goes on from the
 // parent as it stands, and the parent runs on, its heap whole.
@@ -376,7 +385,7 @@ func TestRehomeHelperHangs(t *testing.T) {
 // move helper fails as env makes it: each fork continues the count with its
 // whole heap, the parent runs on with its heap whole, and the shim's log
 // says what failed (logged).
-func forkPastFailedMove(t *testing.T, env []string, calls int, logged string) {
+func forkPastFailedMove(t *testing.T, env []string, calls int, logged string) *lfEnv {
 	t.Helper()
 	e, ctx, img := startLFPython(t, env...)
 	lf := e.lfClient()
@@ -403,6 +412,7 @@ func forkPastFailedMove(t *testing.T, env []string, calls int, logged string) {
 	if l := e.Log(); !strings.Contains(l, logged) {
 		t.Errorf("the shim did not report the failed move (%q): %q", logged, grepLines(l, "memory file"))
 	}
+	return e
 }
 
 // TestRehomeFreesReplacedPages: a moved parent that writes new pages moves
