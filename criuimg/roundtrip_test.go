@@ -40,7 +40,7 @@ func dumpTree(t *testing.T) string {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	ready := filepath.Join(tmp, "ready")
-	cmd := exec.Command("unshare", "--pid", "--fork", "setsid", bin, ready)
+	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child", "setsid", bin, ready)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
