@@ -65,10 +65,10 @@ type PreCopy struct {
 	// copied holds, per VMA, the runs of pages the copy took (held
 	// pages; zeros among them stay holes).
 	copied [][][2]uint64
-	// written and gone, per VMA, from Finish: pages the process wrote
-	// since it was protected, and pages it no longer holds.
+	// written and gone, per VMA, set by a Finish that succeeded: pages
+	// the process wrote since it was protected, and pages it no longer
+	// holds.
 	written, gone [][][2]uint64
-	finished      bool
 }
 
 // StartPreCopy protects vmas of process pid (private anonymous VMAs of its
@@ -157,17 +157,16 @@ func copyHeld(pid int, vmas []VMA, f *os.File) (int64, [][][2]uint64, error) {
 // replaces them anyway. So the plan takes them (PlanOptions.WriteProtected:
 // Protects). On an error, Discard the copy.
 func (pc *PreCopy) Finish() error {
-	if pc.finished {
+	if pc.written != nil {
 		return nil
 	}
-	pc.finished = true
 	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pc.Pid))
 	if err != nil {
 		return fmt.Errorf("rehome: process %d: pagemap: %w", pc.Pid, errors.Join(err, errdefs.ErrNotFound))
 	}
 	defer pm.Close()
-	pc.written = make([][][2]uint64, len(pc.VMAs))
-	pc.gone = make([][][2]uint64, len(pc.VMAs))
+	written := make([][][2]uint64, len(pc.VMAs))
+	gone := make([][][2]uint64, len(pc.VMAs))
 	for i, v := range pc.VMAs {
 		// Written: held (present or swapped, a uffd-wp marker counting
 		// as swapped) without the protection.
@@ -183,8 +182,9 @@ func (pc *PreCopy) Finish() error {
 		if err != nil {
 			return err
 		}
-		pc.written[i], pc.gone[i] = w, g
+		written[i], gone[i] = w, g
 	}
+	pc.written, pc.gone = written, gone
 	return nil
 }
 
@@ -204,7 +204,7 @@ func (pc *PreCopy) Close() error { return pc.uffd.Close() }
 // copies of pages the process no longer holds, and the slots of precopied
 // VMAs no longer there, are punched out first.
 func (pc *PreCopy) Apply(vmas []VMA, f *os.File, next *int) ([]VMA, error) {
-	if !pc.finished || pc.written == nil {
+	if pc.written == nil {
 		return nil, fmt.Errorf("rehome: process %d: precopy not finished: %w", pc.Pid, errdefs.ErrFailedPrecondition)
 	}
 	used := make([]bool, len(pc.VMAs))
@@ -251,7 +251,6 @@ func (pc *PreCopy) Drop(f *os.File) error {
 // empties f, all of whose slots may hold precopied bytes.
 func Discard(pcs []*PreCopy, f *os.File) error {
 	for _, pc := range pcs {
-		pc.finished = true
 		pc.uffd.Close()
 	}
 	if f == nil {
