@@ -69,9 +69,12 @@ func (s *Service) startPreCopy(ctx context.Context, st *containerState) {
 		if reply != nil {
 			l = l.WithFields(log.Fields{"precopied": reply.PreCopied, "vmas": reply.PreCopyVMAs, "duration": reply.PreCopy, "frozen": reply.Frozen, "protect": reply.Protect})
 		}
-		if err != nil {
+		switch {
+		case err != nil:
 			l.WithError(err).Debug("lazyfork: no precopy")
-		} else {
+		case reply.PreCopied == 0:
+			l.Debug("lazyfork: no precopy (too little private memory)")
+		default:
 			l.Info("lazyfork: precopy")
 		}
 		preCopiesMu.Lock()
@@ -111,6 +114,11 @@ func (s *Service) preCopy(ctx context.Context, st *containerState, run *preCopyR
 		return nil, errors.New("cgroup v2: the container's memory cgroup is the one the precopy freezes")
 	}
 	if path, _, err := procfs.Cgroup(pid, "memory"); err == nil {
+		// Its cgroup's usage bounds its private memory: a container
+		// below the bound is left alone without a helper or a file.
+		if usage, err := cgroupmem.Usage(path); err == nil && usage < s.cfg.PreCopyMin {
+			return nil, fmt.Errorf("%d MiB in its memory cgroup, below LAZYFORK_PRECOPY's %d MiB", usage>>20, s.cfg.PreCopyMin>>20)
+		}
 		if limit, usage, ok, err := cgroupmem.Limit(path); err == nil && ok && limit-usage < usage {
 			return nil, fmt.Errorf("%d MiB under the memory limit: no room for the container's memory twice", (limit-usage)>>20)
 		}
