@@ -26,8 +26,11 @@ import (
 // (rehome.PreCopy: a userfaultfd in asynchronous write-protect mode marks
 // what it writes meanwhile; the container is frozen only for the
 // userfaultfd's injection, a few milliseconds). The helper keeps the
-// userfaultfds and waits as the standby helper; the move takes it and copies
-// only the pages written since. Pause waits for a precopy under way.
+// userfaultfds and waits for that container's move alone (not as the shim's
+// standby helper, which any container's move takes: that move would pay for
+// dropping the precopy, and a second precopy in the family would discard
+// the first); the move copies only the pages written since. Pause waits for
+// a precopy under way.
 //
 // Only for a container that has not moved yet (a later move is a delta
 // already), with at least Config.PreCopyMin to copy (128 MiB), on cgroup v1 (the
@@ -37,8 +40,11 @@ import (
 // A precopy the move does not take is dropped with its helper after
 // Config.RehomeStandby. LAZYFORK_PRECOPY=off turns it off.
 type preCopyRun struct {
-	done  chan struct{}
-	pf    *memfile.PendingFile // set once the precopy holds something
+	done chan struct{}
+	// pf and h, the precopy's file and the helper holding its
+	// userfaultfds, are set once the precopy holds something.
+	pf    *memfile.PendingFile
+	h     *helperProc
 	timer *time.Timer
 }
 
@@ -92,14 +98,15 @@ func (s *Service) startPreCopy(ctx context.Context, st *containerState) {
 			}
 			preCopiesMu.Unlock()
 			if mine {
+				run.h.stop()
 				run.pf.Abort()
 			}
 		})
 	}()
 }
 
-// preCopy runs the precopy (startPreCopy) and leaves its helper as the
-// standby helper.
+// preCopy runs the precopy (startPreCopy) and leaves its helper with run
+// for the container's move (or as the standby helper if it copied nothing).
 func (s *Service) preCopy(ctx context.Context, st *containerState, run *preCopyRun) (*movehelper.Reply, error) {
 	ts, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: st.ID})
 	if err != nil {
@@ -179,16 +186,17 @@ func (s *Service) preCopy(ctx context.Context, st *containerState, run *preCopyR
 		h.stop()
 		return nil, fmt.Errorf("precopy helper: no reply (killed after %s: %v): %w", s.cfg.RestoreTimeout, killed.Load(), err)
 	}
-	putStandbyHelper(h, s.cfg.RehomeStandby)
 	if reply.Err != "" {
 		err = errors.New(reply.Err)
 	}
-	if reply.PreCopied > 0 {
-		keep = true
-		preCopiesMu.Lock()
-		run.pf = pf
-		preCopiesMu.Unlock()
+	if reply.PreCopied == 0 {
+		putStandbyHelper(h, s.cfg.RehomeStandby)
+		return &reply, err
 	}
+	keep = true
+	preCopiesMu.Lock()
+	run.pf, run.h = pf, h
+	preCopiesMu.Unlock()
 	return &reply, err
 }
 
@@ -207,29 +215,27 @@ func (s *Service) waitPreCopy(key string) {
 	}
 }
 
-// takePreCopy returns the file of the container's finished precopy, for
-// its move (nil if none: then the move makes its own).
-func takePreCopy(key string) (*memfile.PendingFile, bool) {
+// takePreCopy returns the file of the container's finished precopy and the
+// helper holding it, for its move (nil if none: then the move makes its own
+// file and takes the standby helper).
+func takePreCopy(key string) (*memfile.PendingFile, *helperProc) {
 	preCopiesMu.Lock()
 	run := preCopies[key]
 	if run == nil {
 		preCopiesMu.Unlock()
-		return nil, false
+		return nil, nil
 	}
 	select {
 	case <-run.done:
 	default:
 		// Still copying (Pause gave up waiting): the move makes its own.
 		preCopiesMu.Unlock()
-		return nil, false
+		return nil, nil
 	}
 	delete(preCopies, key)
 	preCopiesMu.Unlock()
 	if run.timer != nil {
 		run.timer.Stop()
 	}
-	if run.pf == nil {
-		return nil, false
-	}
-	return run.pf, true
+	return run.pf, run.h
 }

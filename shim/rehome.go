@@ -116,7 +116,8 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		return res, err
 	}
 	key := st.Namespace + "/" + st.ID
-	pf, preCopied := takePreCopy(key)
+	pf, preCopier := takePreCopy(key)
+	preCopied := pf != nil
 	if pf == nil {
 		if pf, err = store.CreateFile(st.Family); err != nil {
 			return res, err
@@ -181,7 +182,7 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		}
 	}
 	tHelper := time.Now()
-	reply, err := s.runRehomeHelper(ctx, initPID, &req, hop, &res.helperRun)
+	reply, err := s.runRehomeHelper(ctx, initPID, &req, hop, preCopier, &res.helperRun)
 	res.HelperRun = time.Since(tHelper)
 	// Kept if any process maps any of it: a region can fail part way
 	// (chunk by chunk), its first chunks mapped from the file.
@@ -347,15 +348,18 @@ func (h *helperProc) stop() {
 	_ = h.cmd.Process.Release()
 }
 
-// runRehomeHelper runs a move's helper: the standby one if one waits
+// runRehomeHelper runs a move's helper: h if not nil (the helper holding
+// the container's precopy), else the standby one if one waits
 // (standbyHelper; a consolidation's preparation starts its own), else a new
 // one, and returns its reply;
 // run gets its program and how long its move into the container's memory
 // cgroup took.
-func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, hop *preparedHop, run *helperRun) (*movehelper.Reply, error) {
-	var h *helperProc
-	if !req.Prepare {
+func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, hop *preparedHop, h *helperProc, run *helperRun) (*movehelper.Reply, error) {
+	if h == nil && !req.Prepare {
 		h = takeStandbyHelper()
+	} else if h != nil && h.cmd.Process.Signal(syscall.Signal(0)) != nil {
+		h.stop() // gone while it waited (killed): the move starts its own
+		h = nil
 	}
 	if h == nil {
 		var err error
@@ -986,7 +990,7 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState, 
 		MemDir: memfile.MountPath, PrepareAbove: consolidateAbove, MaxBytes: maxBytes,
 	}
 	var run helperRun
-	reply, err := s.runRehomeHelper(ctx, pid, &req, nil, &run)
+	reply, err := s.runRehomeHelper(ctx, pid, &req, nil, nil, &run)
 	if err == nil && reply.Err != "" {
 		err = errors.New(reply.Err)
 	}
