@@ -79,6 +79,9 @@ type SnapshotSource struct {
 	// if it was paused otherwise or not thawed. A Pause may first copy a
 	// fragmented heap while the container runs (consolidation): the pause
 	// the container felt is this, not the time since the caller's Pause.
+	// It includes the brief freeze of a precopy this snapshot's move took
+	// (a first snapshot's, before the Pause: the container was frozen
+	// twice, and this is the sum).
 	Paused time.Duration `json:"pausedNs,omitempty"`
 }
 

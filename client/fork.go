@@ -120,7 +120,8 @@ type Result struct {
 	Family   string
 	Snapshot string // image directory of the snapshot; gone unless KeepSnapshot
 	Forks    []Fork
-	// Paused is how long the parent was frozen (what its users felt).
+	// Paused is how long the parent was frozen (what its users felt),
+	// including a precopy's brief freeze before the snapshot's own.
 	Paused time.Duration
 	// ThawedBeforeRewrite: the shim thawed the parent as soon as its dump
 	// was done, so Paused leaves out the memory-file rewrite. False when

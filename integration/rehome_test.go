@@ -127,6 +127,12 @@ func TestRehome(t *testing.T) {
 	if l := grepLines(e.Log(), "moved onto memory file"); !regexp.MustCompile(`precopied_vmas=[1-9]`).MatchString(l) {
 		t.Errorf("the first move took no precopy (move: %q; precopy: %q)", l, grepLines(e.Log(), "precopy"))
 	}
+	// The parent was frozen twice for that snapshot: for the precopy's
+	// injection, and for the dump. Its pause is the sum.
+	ckpt := grepLines(e.Log(), "checkpoint rewritten")
+	if frozen, thaw := logDuration(t, ckpt, "precopy_frozen"), logDuration(t, ckpt, "until_thaw"); frozen <= 0 || res.Paused < frozen+thaw {
+		t.Errorf("first fork paused %v: want at least the precopy's freeze (%v) and the checkpoint's until its thaw (%v): %q", res.Paused, frozen, thaw, ckpt)
+	}
 	st, err := parent.task.Status(ctx)
 	if err != nil || st.Status != containerd.Running {
 		t.Fatalf("parent after the move: %v %v", st.Status, err)
@@ -838,4 +844,19 @@ func alive(pid int) bool {
 	}
 	fs := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
 	return len(fs) > 0 && fs[0] != "Z"
+}
+
+// logDuration is the duration field name of the first of the log lines (a
+// shim log field, name=1.5ms), 0 if it has none.
+func logDuration(t *testing.T, lines, name string) time.Duration {
+	t.Helper()
+	m := regexp.MustCompile(`\b` + name + `="?([0-9.]+[µnm]?s)`).FindStringSubmatch(lines)
+	if m == nil {
+		return 0
+	}
+	d, err := time.ParseDuration(m[1])
+	if err != nil {
+		t.Fatalf("%s=%s: %v", name, m[1], err)
+	}
+	return d
 }

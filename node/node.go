@@ -84,7 +84,7 @@ type Snapshot struct {
 	// it did not).
 	Thawed time.Time
 	// Paused is how long the shim kept the parent frozen for it, when it
-	// froze and thawed it (zero otherwise).
+	// froze and thawed it (zero otherwise), a precopy's freeze included.
 	Paused time.Duration
 	// Rootfs is nil if the snapshot has no rootfs record.
 	Rootfs *api.RootfsRecord

@@ -42,10 +42,12 @@ import (
 type preCopyRun struct {
 	done chan struct{}
 	// pf and h, the precopy's file and the helper holding its
-	// userfaultfds, are set once the precopy holds something.
-	pf    *memfile.PendingFile
-	h     *helperProc
-	timer *time.Timer
+	// userfaultfds, are set once the precopy holds something; frozen is
+	// how long it froze the container (for the injection).
+	pf     *memfile.PendingFile
+	h      *helperProc
+	frozen time.Duration
+	timer  *time.Timer
 }
 
 var (
@@ -195,7 +197,7 @@ func (s *Service) preCopy(ctx context.Context, st *containerState, run *preCopyR
 	}
 	keep = true
 	preCopiesMu.Lock()
-	run.pf, run.h = pf, h
+	run.pf, run.h, run.frozen = pf, h, reply.Frozen
 	preCopiesMu.Unlock()
 	return &reply, err
 }
@@ -215,27 +217,30 @@ func (s *Service) waitPreCopy(key string) {
 	}
 }
 
-// takePreCopy returns the file of the container's finished precopy and the
-// helper holding it, for its move (nil if none: then the move makes its own
-// file and takes the standby helper).
-func takePreCopy(key string) (*memfile.PendingFile, *helperProc) {
+// takePreCopy returns the container's finished precopy (its file, the
+// helper holding it, its freeze) for its move, or nil if none: then the move
+// makes its own file and takes the standby helper.
+func takePreCopy(key string) *preCopyRun {
 	preCopiesMu.Lock()
 	run := preCopies[key]
 	if run == nil {
 		preCopiesMu.Unlock()
-		return nil, nil
+		return nil
 	}
 	select {
 	case <-run.done:
 	default:
 		// Still copying (Pause gave up waiting): the move makes its own.
 		preCopiesMu.Unlock()
-		return nil, nil
+		return nil
 	}
 	delete(preCopies, key)
 	preCopiesMu.Unlock()
 	if run.timer != nil {
 		run.timer.Stop()
 	}
-	return run.pf, run.h
+	if run.pf == nil {
+		return nil
+	}
+	return run
 }

@@ -43,6 +43,9 @@ type rehomeResult struct {
 	// NoNewPrivs lists processes that got no_new_privs for the madvise
 	// guard (they had no CAP_SYS_ADMIN).
 	NoNewPrivs []int
+	// PreCopyFrozen is how long the precopy the move took froze the
+	// container before (its injection), outside this pause.
+	PreCopyFrozen time.Duration
 }
 
 // rehomeEnabled reports whether a container's memory moves onto its files at
@@ -116,9 +119,13 @@ func (s *Service) rehomeContainer(ctx context.Context, st *containerState, initP
 		return res, err
 	}
 	key := st.Namespace + "/" + st.ID
-	pf, preCopier := takePreCopy(key)
-	preCopied := pf != nil
-	if pf == nil {
+	var pf *memfile.PendingFile
+	var preCopier *helperProc
+	pre := takePreCopy(key)
+	preCopied := pre != nil
+	if preCopied {
+		pf, preCopier, res.PreCopyFrozen = pre.pf, pre.h, pre.frozen
+	} else {
 		if pf, err = store.CreateFile(st.Family); err != nil {
 			return res, err
 		}

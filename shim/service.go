@@ -621,6 +621,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	// held once, and the dump below sees file mappings and holds only what
 	// it wrote since (the delta path of a fork of a fork).
 	var tMove time.Duration
+	var preCopyFrozen time.Duration // the freeze of a precopy the move took, before this one
 	// What the move replaced is freed once the task runs again (or the
 	// checkpoint failed), off the pause; Checkpoint returns after. (It
 	// holds the family's lock, as the rewrite's new file and commit do, so
@@ -646,7 +647,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	defer early.close()
 	if move {
 		res, err := s.rehomeContainer(ctx, st, int(ts.Pid), mode, guard)
-		tMove = res.Duration
+		tMove, preCopyFrozen = res.Duration, res.PreCopyFrozen
 		if err == nil {
 			for _, r := range res.Helper.Replaced {
 				replaced = append(replaced, memfile.FileRange{File: r.File, Off: r.Off, Len: r.Len})
@@ -738,7 +739,8 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if !thawed.IsZero() {
 		src.Thawed = thawed.UTC()
 		if frozen && !frozenAt.IsZero() {
-			src.Paused = thawed.Sub(frozenAt) // both monotonic
+			// Both monotonic; a precopy's freeze is the container's too.
+			src.Paused = thawed.Sub(frozenAt) + preCopyFrozen
 		}
 	}
 	// The source record and the guard go into the staged image, so the
@@ -778,6 +780,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
 		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
 		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "dump_gated": early.wentOn(), "until_thaw": tThawed,
+		"precopy_frozen": preCopyFrozen, "paused": src.Paused,
 	}).Info("lazyfork: checkpoint rewritten")
 	return &ptypes.Empty{}, nil
 }
