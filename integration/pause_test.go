@@ -9,15 +9,12 @@ import (
 	"testing"
 	"time"
 
-	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/internal/procfs"
-	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 )
 
 // TestSnapshotPauseInShim: a snapshot's pause (the client's intent,
@@ -51,13 +48,7 @@ func TestSnapshotPauseInShim(t *testing.T) {
 	}
 	intent := func() {
 		t.Helper()
-		res, err := api.MarshalSnapshotIntent(&lazyforkv1.SnapshotIntent{Forks: 1, FreezeInShim: true})
-		if err == nil {
-			_, err = e.Client().TaskService().Update(ctx, &tasksapi.UpdateTaskRequest{ContainerID: c.id, Resources: res})
-		}
-		if err != nil {
-			t.Fatalf("snapshot intent: %v", err)
-		}
+		sendSnapshotIntent(t, ctx, e, c.id)
 	}
 	status := func(want containerd.ProcessStatus) {
 		t.Helper()

@@ -16,14 +16,17 @@ import (
 	"time"
 
 	"github.com/containerd/cgroups/v3"
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/lazyfork/lazyfork/api"
 	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
+	lazyforkv1 "github.com/lazyfork/lazyfork/proto/lazyfork/v1"
 	"github.com/lazyfork/lazyfork/shim"
 )
 
@@ -377,6 +380,70 @@ func TestRehomeHelperKilledAfterPreCopy(t *testing.T) {
 	e := forkPastFailedMove(t, []string{"LAZYFORK_REHOME_FAILPOINT=die-mid-move", "LAZYFORK_PRECOPY=16M"}, 2, "move onto memory file incomplete")
 	if l := grepLines(e.Log(), "lazyfork: precopy"); !regexp.MustCompile(`precopied=[1-9]`).MatchString(l) {
 		t.Errorf("no precopy before the move: %q", l)
+	}
+}
+
+// TestRehomePreCopyKeptFromOtherMoves: a precopy waits for its own
+// container's move. Of two forks of one call (one shim), the first
+// allocates 64 MiB of its own (it has not moved) and precopies at its
+// snapshot intent; the second's snapshot, made meanwhile, moves on another
+// helper; the first's move then takes its precopy. (A precopy's helper used
+// to wait as the shim's standby helper: the second's move took it and
+// dropped the precopy.)
+func TestRehomePreCopyKeptFromOtherMoves(t *testing.T) {
+	e, ctx, img := startLFPython(t, "LAZYFORK_PRECOPY=16M")
+	lf := e.lfClient()
+	parent := e.startCounter(t, ctx, img, "prekeep-"+lfRandom(3), 16, "--grow-per-signal", "64")
+	res, err := lf.Fork(ctx, parent.id, 2, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	forks := e.forks(res)
+	grower, other := forks[0], forks[1]
+	if a, b := parentOf(int(grower.task.Pid())), parentOf(int(other.task.Pid())); a != b {
+		t.Fatalf("the forks of one call run under shims %d and %d, want one", a, b)
+	}
+	if w := grower.signal(t, ctx, syscall.SIGUSR2, "wrote "); !strings.HasSuffix(w, "writes=1") || !slices.Contains(grower.lines(t), "grew mib=64 total_mib=64") {
+		t.Fatalf("the fork did not grow: %q", w)
+	}
+	sendSnapshotIntent(t, ctx, e, grower.id)
+	precopied := regexp.MustCompile(`id=` + regexp.QuoteMeta(grower.id) + ` .*precopied=[1-9]`)
+	waitFor(t, "the fork's precopy", time.Minute, func() bool { return precopied.MatchString(grepLines(e.Log(), "lazyfork: precopy")) })
+	if _, err := lf.Fork(ctx, other.id, 1, e.logIO()); err != nil {
+		t.Fatal(err)
+	}
+	res, err = lf.Fork(ctx, grower.id, 1, e.logIO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	forkOfFork := e.forks(res)[0]
+	checkContinues(t, ctx, grower, forkOfFork)
+	moved := regexp.MustCompile(`id=` + regexp.QuoteMeta(grower.id) + ` .*precopied_vmas=([0-9]+)`).FindStringSubmatch(grepLines(e.Log(), "moved onto memory file"))
+	if moved == nil || moved[1] == "0" {
+		t.Errorf("the fork's move did not take its precopy (%v): %q", moved, grepLines(e.Log(), "memory file"))
+	}
+	for _, c := range []*counter{grower, forkOfFork} {
+		if v := c.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=4096 writes=1" {
+			t.Errorf("%s: %q", c.id, v)
+		}
+	}
+	for _, c := range []*counter{parent, other} {
+		if v := c.signal(t, ctx, syscall.SIGUSR1, "verify "); v != "verify ok pages=4096 writes=0" {
+			t.Errorf("%s: %q", c.id, v)
+		}
+	}
+}
+
+// sendSnapshotIntent tells container id's shim, as the client does before a
+// fork's pause, that one fork's snapshot follows.
+func sendSnapshotIntent(t *testing.T, ctx context.Context, e *lfEnv, id string) {
+	t.Helper()
+	res, err := api.MarshalSnapshotIntent(&lazyforkv1.SnapshotIntent{Forks: 1, FreezeInShim: true})
+	if err == nil {
+		_, err = e.Client().TaskService().Update(ctx, &tasksapi.UpdateTaskRequest{ContainerID: id, Resources: res})
+	}
+	if err != nil {
+		t.Fatalf("snapshot intent for %s: %v", id, err)
 	}
 }
 

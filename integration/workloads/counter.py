@@ -2,6 +2,7 @@
 """counter.py: the workload of LazyFork's container tests and benchmarks.
 
 Usage: python3 counter.py HEAP_MIB [--out FILE] [--interval SECONDS] [--writes-per-signal N]
+                          [--grow-per-signal MIB]
 
 Python 3 standard library only, and only modules python3-minimal has (no mmap,
 no ctypes). In the python test image it lives at
@@ -25,6 +26,8 @@ Protocol (one line per event on stdout, flushed; also appended to FILE with --ou
       another copy must not see it. With --writes-per-signal N, N markers go to
       N pages 7919 apart (each a page of its own until the heap is covered)
       and the line names the last.
+  grew mib=M total_mib=T            on SIGUSR2 with --grow-per-signal M, before its
+      wrote line: M MiB more memory of its own (a new bytearray, filled), T in all.
   exit ticks=N                      on SIGTERM, then exit status 0.
 
 Signals are acted on by the main loop, between ticks (within one interval). Send
@@ -126,6 +129,8 @@ def main(argv):
     out = None
     interval = 0.1
     per_signal = 1
+    grow_mib = 0
+    grown = []
     pos = []
     while args:
         a = args.pop(0)
@@ -135,13 +140,15 @@ def main(argv):
             interval = float(args.pop(0))
         elif a == "--writes-per-signal" and args and args[0].isdigit() and int(args[0]) >= 1:
             per_signal = int(args.pop(0))
+        elif a == "--grow-per-signal" and args and args[0].isdigit():
+            grow_mib = int(args.pop(0))
         elif a in ("-h", "--help"):
             sys.stdout.write(__doc__)
             return 0
         else:
             pos.append(a)
     if len(pos) != 1 or not pos[0].isdigit() or int(pos[0]) < 1:
-        sys.stderr.write("usage: counter.py HEAP_MIB [--out FILE] [--interval SECONDS] [--writes-per-signal N]\n")
+        sys.stderr.write("usage: counter.py HEAP_MIB [--out FILE] [--interval SECONDS] [--writes-per-signal N] [--grow-per-signal MIB]\n")
         return 2
     pending = []
 
@@ -161,6 +168,9 @@ def main(argv):
             if s == signal.SIGUSR1:
                 c.verify()
             elif s == signal.SIGUSR2:
+                if grow_mib:
+                    grown.append(bytearray(b"\x5a") * (grow_mib << 20))
+                    c.emit("grew mib=%d total_mib=%d" % (grow_mib, grow_mib * len(grown)))
                 c.write(per_signal)
             elif s == signal.SIGTERM:
                 c.emit("exit ticks=%d" % n)
