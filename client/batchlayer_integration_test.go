@@ -11,7 +11,6 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
 
@@ -199,29 +198,17 @@ func TestForksShareOneBatchLayer(t *testing.T) {
 		}
 	}
 	made = made[:1]
-	// containerd's GC scheduler drops a deletion it hears of while a
-	// collection runs (the event predates that collection's end, which
-	// never saw it), so the last child's removal can wait for the next
-	// mutation: a synchronous collection, as a lease deleted with
-	// SynchronousDelete runs, sees the state now. A layer something still
+	// Waiting for the layer to go: a synchronous collection now and then
+	// (harness.CollectGarbage says why). A layer something still
 	// references survives it.
-	collect := func() {
-		t.Helper()
-		ls := h.Client().LeasesService()
-		l, err := ls.Create(ctx, leases.WithRandomID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ls.Delete(ctx, l, leases.SynchronousDelete); err != nil {
-			t.Fatal(err)
-		}
-	}
 	for deadline, next := time.Now().Add(time.Minute), time.Now(); len(batchLayers()) > 0; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the forks are gone, their batch layers are not: %v", batchLayers())
 		}
 		if time.Now().After(next) {
-			collect()
+			if err := h.CollectGarbage(ctx); err != nil {
+				t.Fatal(err)
+			}
 			next = time.Now().Add(5 * time.Second)
 		}
 	}

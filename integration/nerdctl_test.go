@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -9,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/containerd/containerd/v2/core/leases"
 
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/internal/testutil"
@@ -64,7 +61,19 @@ func TestNerdctlFlows(t *testing.T) {
 	cargs := append([]string{"create", "--name", nid, "--runtime", lfRuntime, "--net", "none",
 		"--cgroup-parent", e.CgroupParent, harness.PythonImage}, pyHold(32, "")...)
 	e.mustNerdctl(t, cargs...)
-	e.collectGarbage(t, ctx)
+	// Garbage collected before `nerdctl start --checkpoint NAME`: nerdctl (2.2.1, and
+	// its main branch) uploads the checkpoint directory's tar to the content store with
+	// a gc.root label, but when a blob of that digest exists already it takes it as it
+	// is, without the label. And it does exist: `nerdctl checkpoint create` got the very
+	// same tar from containerd (containerd tars the image, nerdctl extracts it with
+	// every name, mode and time, and tars it again byte for byte) under a checkpoint
+	// image it deleted at the end, leaving the blob to containerd's next, asynchronous
+	// collection. Were that to run between nerdctl's upload and its task create, the
+	// task create failed with "content digest not found" (seen once). Collected before,
+	// the upload writes a fresh blob with its label.
+	if err := e.CollectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
 	e.mustNerdctl(t, "start", "--checkpoint", "cp1", nid)
 	first := e.waitNerdctlLog(t, nid, func(l string) bool { return strings.HasPrefix(l, "tick ") })
 	k, err := strconv.Atoi(strings.TrimPrefix(first, "tick "))
@@ -81,30 +90,6 @@ func TestNerdctlFlows(t *testing.T) {
 	}
 	// The parent keeps running; both are removed the nerdctl way.
 	e.mustNerdctl(t, "rm", "-f", nid, id)
-}
-
-// collectGarbage runs containerd's garbage collector and waits for it
-// (deleting a lease with SynchronousDelete does). Before `nerdctl start
-// --checkpoint NAME`: nerdctl (2.2.1, and its main branch) uploads the
-// checkpoint directory's tar to the content store with a gc.root label, but
-// when a blob of that digest exists already it takes it as it is, without the
-// label. And it does exist: `nerdctl checkpoint create` got the very same tar
-// from containerd (containerd tars the image, nerdctl extracts it with every
-// name, mode and time, and tars it again byte for byte) under a checkpoint
-// image it deleted at the end, leaving the blob to containerd's next,
-// asynchronous collection. Were that to run between nerdctl's upload and its
-// task create, the task create failed with "content digest not found" (seen
-// once). Collected before, the upload writes a fresh blob with its label.
-func (e *lfEnv) collectGarbage(t *testing.T, ctx context.Context) {
-	t.Helper()
-	ls := e.Client().LeasesService()
-	l, err := ls.Create(ctx, leases.WithRandomID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ls.Delete(ctx, l, leases.SynchronousDelete); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // nerdctlID is the full id of a nerdctl container name.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -271,6 +272,21 @@ func (c *Containerd) Context(ctx context.Context) context.Context {
 		return ctx
 	}
 	return namespaces.WithNamespace(ctx, c.Namespace)
+}
+
+// CollectGarbage runs containerd's garbage collector and waits for it (a
+// lease deleted with SynchronousDelete does): what nothing references is
+// gone when it returns. The scheduled collections are not enough for a
+// test that waits for something to go: the scheduler drops a deletion it
+// hears of while a collection runs, and collects it only after the next
+// mutation.
+func (c *Containerd) CollectGarbage(ctx context.Context) error {
+	ls := c.Client().LeasesService()
+	l, err := ls.Create(c.Context(ctx), leases.WithRandomID())
+	if err != nil {
+		return err
+	}
+	return ls.Delete(c.Context(ctx), l, leases.SynchronousDelete)
 }
 
 // Log returns containerd's log so far.
