@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
+	"github.com/lazyfork/lazyfork/memfile/rehome/movehelper"
 )
 
 // Annotations of other software the shim reads or writes; LazyFork's own are
@@ -113,7 +114,7 @@ const DefaultRestoreTimeout = 2 * time.Minute
 // move's copy in the pause is some tens of milliseconds, and a precopy adds
 // about as much to the call (bench-refork, 64 MiB: the pause 145 -> 129 ms,
 // the call 340 -> 460 ms).
-const DefaultPreCopyMin = 128 << 20
+const DefaultPreCopyMin = movehelper.MinPreCopy
 
 // parseMiB parses a size in M or G (binary units).
 func parseMiB(v string) (int64, error) {

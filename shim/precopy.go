@@ -123,13 +123,15 @@ func (s *Service) preCopy(ctx context.Context, st *containerState, run *preCopyR
 		return nil, errors.New("cgroup v2: the container's memory cgroup is the one the precopy freezes")
 	}
 	if path, _, err := procfs.Cgroup(pid, "memory"); err == nil {
-		// Its cgroup's usage bounds its private memory: a container
-		// below the bound is left alone without a helper or a file.
-		if usage, err := cgroupmem.Usage(path); err == nil && usage < s.cfg.PreCopyMin {
-			return nil, fmt.Errorf("%d MiB in its memory cgroup, below LAZYFORK_PRECOPY's %d MiB", usage>>20, s.cfg.PreCopyMin>>20)
-		}
-		if limit, usage, ok, err := cgroupmem.Limit(path); err == nil && ok && limit-usage < usage {
-			return nil, fmt.Errorf("%d MiB under the memory limit: no room for the container's memory twice", (limit-usage)>>20)
+		if limit, usage, ok, err := cgroupmem.Limit(path); err == nil {
+			// Its cgroup's usage bounds its private memory: a container
+			// below the bound is left alone without a helper or a file.
+			if usage < s.cfg.PreCopyMin {
+				return nil, fmt.Errorf("%d MiB in its memory cgroup, below LAZYFORK_PRECOPY's %d MiB", usage>>20, s.cfg.PreCopyMin>>20)
+			}
+			if ok && limit-usage < usage {
+				return nil, fmt.Errorf("%d MiB under the memory limit: no room for the container's memory twice", (limit-usage)>>20)
+			}
 		}
 	}
 	pids, err := cgroupProcs(freezer)

@@ -362,11 +362,10 @@ func (h *helperProc) stop() {
 // run gets its program and how long its move into the container's memory
 // cgroup took.
 func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, hop *preparedHop, h *helperProc, run *helperRun) (*movehelper.Reply, error) {
-	if h == nil && !req.Prepare {
+	if h != nil {
+		h = h.alive()
+	} else if !req.Prepare {
 		h = takeStandbyHelper()
-	} else if h != nil && h.cmd.Process.Signal(syscall.Signal(0)) != nil {
-		h.stop() // gone while it waited (killed): the move starts its own
-		h = nil
 	}
 	if h == nil {
 		var err error
@@ -542,11 +541,20 @@ func takeStandbyHelper() *helperProc {
 	sb.timer.Stop()
 	<-sb.ready
 	sb.sending.Wait()
-	if sb.h != nil && sb.h.cmd.Process.Signal(syscall.Signal(0)) != nil {
-		sb.h.stop() // gone while it waited (killed): the move starts its own
+	if sb.h == nil {
 		return nil
 	}
-	return sb.h
+	return sb.h.alive()
+}
+
+// alive returns h, or nil if it is gone while it waited (killed): it is
+// stopped, and the move starts its own.
+func (h *helperProc) alive() *helperProc {
+	if h.cmd.Process.Signal(syscall.Signal(0)) != nil {
+		h.stop()
+		return nil
+	}
+	return h
 }
 
 // preloadStandbyHelper sends the regions of a container's prepared
