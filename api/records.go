@@ -53,6 +53,19 @@ type SnapshotInfo struct {
 	MapDir  string    `json:"map_dir"`
 	Rebased bool      `json:"rebased,omitempty"`
 	Created time.Time `json:"created"`
+	// Patches are the pieces of the image's patched VMAs that map files
+	// other than their base (a parent's writes since its last move).
+	Patches []Patch `json:"patches,omitempty"`
+}
+
+// Patch is a range of process Pid's memory (as numbered in the image) that
+// a snapshot maps from family file File at Offset.
+type Patch struct {
+	Pid    uint32 `json:"pid"`
+	Start  uint64 `json:"start"`
+	End    uint64 `json:"end"`
+	File   string `json:"file"`
+	Offset int64  `json:"offset"`
 }
 
 // SnapshotSource is who a snapshot was taken of, and when

@@ -82,6 +82,19 @@ func (s *Store) commitRewrite(ctx context.Context, d *dump, mf *memFile, st *sta
 	if err := s.fault(faultHooked); err != nil {
 		return err
 	}
+	// A previous snapshot's patch file the image maps again may have been
+	// freed since it was read (GC takes the family lock too: from here on
+	// nothing frees it).
+	for _, name := range st.info.Files {
+		f := d.opened[name]
+		if f == nil {
+			continue
+		}
+		var a, b unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &a) != nil || unix.Stat(filepath.Join(d.famDir, name), &b) != nil || a.Ino != b.Ino || a.Dev != b.Dev {
+			return fmt.Errorf("memory file %s was freed during the rewrite (rewrite again): %w", name, errdefs.ErrAborted)
+		}
+	}
 	holder := d.opts.Holder
 	if holder == "" {
 		holder = HolderSnapshot + d.dir

@@ -21,6 +21,7 @@ type memFile struct {
 	file    *PendingFile
 	regions []*region
 	moved   uint64 // pages moved out of the image
+	reused  uint64 // of those, pages a previous snapshot's patch holds (not written)
 	written int64  // bytes copied into the file
 }
 
@@ -73,6 +74,11 @@ func writeMemory(ctx context.Context, s *Store, d *dump, pl planned) (mf *memFil
 		return nil, err
 	}
 	mf.written += l.cp.written
+	if len(mf.regions) == 0 {
+		// Patches of the previous snapshot held every written page.
+		mf.abort()
+		mf.file = nil
+	}
 	return mf, nil
 }
 
@@ -89,6 +95,12 @@ func (l *layout) write(ctx context.Context) error {
 		}
 		parent := byPID[t.ppid]
 		for _, p := range t.vmas {
+			if p.patch {
+				if err := l.patch(t, p, regBase); err != nil {
+					return err
+				}
+				continue
+			}
 			if !p.convert {
 				continue
 			}

@@ -124,6 +124,11 @@ type vmaPlan struct {
 	region *region
 	regOff int64 // byte offset of the VMA's start in the memory file
 	kept   []run // pages that stay in the image (differences from the shared region)
+
+	// patch: a vmaFamily VMA whose pages become patches (RewriteOptions.Patch);
+	// pieces are the mappings it becomes (layout phase).
+	patch  bool
+	pieces []piece
 }
 
 // hasBase reports whether the VMA's untouched pages come from a file.
@@ -307,7 +312,9 @@ func planVMAs(d *dump, ratio float64) (planned, error) {
 			shared += n
 		}
 	}
-	pl.rebase = ratio > 0 && delta > 0 && float64(delta) > ratio*float64(shared)
+	// Patched deltas never rebase: the patches hold what a rebase would
+	// copy the whole of.
+	pl.rebase = ratio > 0 && delta > 0 && float64(delta) > ratio*float64(shared) && d.opts.Patch == nil
 	for _, t := range d.tasks {
 		for _, p := range t.vmas {
 			switch p.kind {
@@ -324,8 +331,9 @@ func planVMAs(d *dump, ratio float64) (planned, error) {
 				p.convert = true
 			case vmaFamily:
 				p.convert = pl.rebase
+				p.patch = !pl.rebase && d.opts.Patch != nil && len(p.overlay) > 0
 			}
-			if p.convert {
+			if p.convert || p.patch {
 				t.changed = true
 			}
 		}

@@ -55,12 +55,18 @@ type RewriteOptions struct {
 	// loses its pages and gets the advice back: each copy starts it zeroed,
 	// as a fork() child would. CRIU alone copies its bytes into every copy.
 	WipeOnFork WipeOnFork
+	// Patch, if set, splits the delta of every family mapping into patches
+	// of family files instead of leaving its pages in the image (see
+	// patch.go): for a parent that runs on its files without moving again.
+	// Such a rewrite never rebases.
+	Patch *PatchOptions
 }
 
 // Result describes a rewrite.
 type Result struct {
 	Files        []string // family files the snapshot maps (base names)
-	PagesMoved   uint64   // pages moved from the image into a new memory file
+	PagesMoved   uint64   // pages moved from the image into a memory file (new, or a previous patch)
+	PagesReused  uint64   // of PagesMoved, pages a previous snapshot's patch holds
 	PagesKept    uint64   // pages left in the image
 	BytesWritten int64    // bytes written into the new memory file
 	PagesWiped   uint64   // pages dropped from wipe-on-fork VMAs (RewriteOptions.WipeOnFork)
@@ -71,6 +77,9 @@ type Result struct {
 	// Premapped lists the tasks CRIU will premap at restore: their mappings
 	// would need more than 256 open files at once otherwise (see premapDir).
 	Premapped []uint32
+	// Patches are the snapshot's patches (RewriteOptions.Patch), for the
+	// next snapshot's PatchOptions.Previous.
+	Patches []Patch
 }
 
 // Rewrite turns the CRIU dump in imageDir into a LazyFork snapshot: every
@@ -148,7 +157,7 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 	res := &Result{
 		Files: st.info.Files, PagesMoved: mf.moved, PagesKept: st.info.KeptPages, PagesWiped: pl.wiped,
 		BytesWritten: mf.written, Rebased: pl.rebase, Duration: time.Since(start),
-		Premapped: st.premapped, NewFile: mf.name(),
+		Premapped: st.premapped, NewFile: mf.name(), PagesReused: mf.reused, Patches: st.info.Patches,
 	}
 	log.G(ctx).WithField("image", imageDir).WithField("family", opts.Family).
 		WithField("moved", res.PagesMoved).WithField("kept", res.PagesKept).

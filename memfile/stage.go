@@ -72,6 +72,8 @@ type stager struct {
 	mf     *memFile
 	cp     *copier
 	clones []*fdinfo.FileEntry // files.img entries added by splitCOWIDs
+	added  []*fdinfo.FileEntry // files.img entries of previous snapshots' patch files (expandPatched)
+	nextID uint32              // the next free files.img id
 	out    *staged
 }
 
@@ -79,6 +81,14 @@ func (sg *stager) stage(ctx context.Context, perm os.FileMode) error {
 	d, mf := sg.d, sg.mf
 	// The swapped-in directory keeps the image directory's mode.
 	if err := os.Chmod(sg.out.dir, perm); err != nil {
+		return err
+	}
+	sg.nextID = d.files.MaxID() + 1
+	if len(mf.regions) > 0 {
+		sg.nextID++ // the new memory file's entry
+	}
+	patches, err := sg.expandPatched(mf.name())
+	if err != nil {
 		return err
 	}
 	// Converted VMAs now map their regions; only then can file ids that
@@ -98,7 +108,6 @@ func (sg *stager) stage(ctx context.Context, perm os.FileMode) error {
 	var memInfo os.FileInfo
 	var memEntry *fdinfo.FileEntry
 	if mf.file != nil {
-		var err error
 		if memInfo, err = mf.file.f.Stat(); err != nil {
 			return err
 		}
@@ -214,7 +223,7 @@ func (sg *stager) stage(ctx context.Context, perm os.FileMode) error {
 	if memEntry != nil {
 		files.Add(memEntry)
 	}
-	for _, fe := range sg.clones {
+	for _, fe := range slices.Concat(sg.added, sg.clones) {
 		files.Add(fe)
 		if name, ok := d.famFiles[fe.GetId()]; ok {
 			pinned[name] = true
@@ -258,7 +267,7 @@ func (sg *stager) stage(ctx context.Context, perm os.FileMode) error {
 	}
 	sg.out.info = SnapshotInfo{
 		Family: d.opts.Family, Pages: mapped, KeptPages: kept, MapDir: d.opts.MapDir,
-		Rebased: sg.pl.rebase, Created: time.Now().UTC(),
+		Rebased: sg.pl.rebase, Created: time.Now().UTC(), Patches: patches,
 	}
 	for name := range pinned {
 		sg.out.info.Files = append(sg.out.info.Files, name)
@@ -366,9 +375,8 @@ func (sg *stager) splitCOWIDs(memEntry *fdinfo.FileEntry) error {
 	if memEntry != nil {
 		entries[memEntry.GetId()] = memEntry
 	}
-	next := d.files.MaxID() + 1
-	if len(sg.mf.regions) > 0 {
-		next++ // the new memory file's entry
+	for _, fe := range sg.added {
+		entries[fe.GetId()] = fe
 	}
 	for _, t := range d.tasks {
 		parent := byPID[t.ppid]
@@ -395,6 +403,8 @@ func (sg *stager) splitCOWIDs(memEntry *fdinfo.FileEntry) error {
 			if orig == nil || orig.GetReg() == nil {
 				return fmt.Errorf("pid %d: VMA %#x maps file id %d, missing from files.img: %w", t.pid, v.GetStart(), v.GetShmid(), errdefs.ErrDataLoss)
 			}
+			next := sg.nextID
+			sg.nextID++
 			clone := proto.Clone(orig).(*fdinfo.FileEntry)
 			clone.Id = ptr(next)
 			clone.Reg.Id = ptr(next)
@@ -403,7 +413,6 @@ func (sg *stager) splitCOWIDs(memEntry *fdinfo.FileEntry) error {
 				d.famFiles[next] = name
 			}
 			v.Shmid = ptr(uint64(next))
-			next++
 			t.changed = true
 		}
 	}
@@ -412,13 +421,18 @@ func (sg *stager) splitCOWIDs(memEntry *fdinfo.FileEntry) error {
 
 // regFile builds the files.img entry for a region of the new memory file.
 func (sg *stager) regFile(id uint32, st os.FileInfo, mode uint32) *fdinfo.FileEntry {
+	return sg.regFileNamed(id, sg.mf.name(), st, mode)
+}
+
+// regFileNamed builds the files.img entry of family file name.
+func (sg *stager) regFileNamed(id uint32, name string, st os.FileInfo, mode uint32) *fdinfo.FileEntry {
 	zero := ptr(uint32(0))
 	reg := &regfile.RegFileEntry{
 		Id:    ptr(id),
 		Flags: ptr(uint32(unix.O_RDONLY | unix.O_LARGEFILE)),
 		Pos:   ptr(uint64(0)),
 		Fown:  &fown.FownEntry{Uid: zero, Euid: zero, Signum: zero, PidType: zero, Pid: zero},
-		Name:  ptr(sg.d.opts.MapDir + "/" + sg.mf.name()),
+		Name:  ptr(sg.d.opts.MapDir + "/" + name),
 		Size:  ptr(uint64(st.Size())),
 		Mode:  ptr(mode),
 	}

@@ -1,0 +1,329 @@
+package memfile
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/lazyfork/lazyfork/api"
+)
+
+// Patched deltas (RewriteOptions.Patch): a running parent that is not moved
+// again after its first snapshot keeps its writes as anonymous pages inside
+// its file mappings, one mapping each, so its dumps stay cheap. Left in the
+// image, those pages would be restored into every fork's private memory, all
+// of them, at every later call. With Patch, the rewrite splits each such
+// VMA of a copy's image into pieces instead: the base file where the parent
+// did not write, and patches elsewhere, the mappings a move would have given
+// the parent. A patch whose bytes a piece of the previous snapshot
+// (PatchOptions.Previous) already holds maps that piece again; the rest go
+// into the new memory file. Each snapshot then writes about what the parent
+// wrote since the previous one, and each fork holds none of it privately.
+const (
+	// Written runs closer than patchGap pages are one patch (the clean pages
+	// between are copied too), as in a move (rehome.patches).
+	patchGap = 4
+	// maxPatchesPerVMA bounds the new patches of one VMA: the closest runs
+	// are joined beyond it.
+	maxPatchesPerVMA = 512
+)
+
+// Patch is a piece of a snapshot's patched VMA that maps a family file
+// other than the VMA's base: a range of process Pid's memory whose bytes
+// are File's at Offset.
+type Patch = api.Patch
+
+// PatchOptions turns on patched deltas (see RewriteOptions.Patch).
+type PatchOptions struct {
+	// Previous are the patches of the previous snapshot of the same
+	// processes (Result.Patches): a range whose bytes equal one of them maps
+	// it again. A file that is gone is skipped; equality is checked byte by
+	// byte, so a stale list costs only the comparison.
+	Previous []Patch
+}
+
+type pieceKind int
+
+const (
+	pieceBase pieceKind = iota // the VMA's base file
+	pieceNew                   // a slot of the new memory file
+	piecePrev                  // a patch of the previous snapshot, mapped again
+)
+
+// piece is one mapping a patched VMA becomes.
+type piece struct {
+	start, end uint64
+	kind       pieceKind
+	name       string   // family file of a piecePrev
+	f          *os.File // its descriptor
+	off        int64    // file offset of start (piecePrev)
+	reg        *region  // pieceNew
+}
+
+// previous returns the patches of PatchOptions.Previous for pid inside
+// [start, end), by address.
+func (d *dump) previous(pid uint32, start, end uint64) []Patch {
+	var out []Patch
+	for _, q := range d.opts.Patch.Previous {
+		if q.Pid == pid && q.Start >= start && q.End <= end && q.Start < q.End &&
+			q.Start%pageSize == 0 && q.End%pageSize == 0 && q.Offset%pageSize == 0 && checkFileName(q.File) == nil {
+			out = append(out, q)
+		}
+	}
+	slices.SortFunc(out, func(a, b Patch) int {
+		switch {
+		case a.Start < b.Start:
+			return -1
+		case a.Start > b.Start:
+			return 1
+		}
+		return 0
+	})
+	// Overlapping entries would be a corrupt list: keep the first.
+	kept := out[:0]
+	for _, q := range out {
+		if k := len(kept); k == 0 || kept[k-1].End <= q.Start {
+			kept = append(kept, q)
+		}
+	}
+	return kept
+}
+
+// overlaps reports whether runs (sorted) hold a page in [from, to).
+func overlaps(runs []run, from, to uint64) bool {
+	i, _ := slices.BinarySearchFunc(runs, from, func(r run, va uint64) int {
+		if r.end() <= va {
+			return -1
+		}
+		return 1
+	})
+	return i < len(runs) && runs[i].vaddr < to
+}
+
+// patch splits the family VMA p of task t into pieces (layout phase):
+// previous patches whose bytes it still shows, new patches in the memory
+// file for its other written pages, and its base file around them. It
+// queues the new patches' copies.
+func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
+	start, end := p.e.GetStart(), p.e.GetEnd()
+	var reused []piece
+	var a, b []byte
+	for _, q := range l.d.previous(t.pid, start, end) {
+		if !overlaps(p.overlay, q.Start, q.End) {
+			continue // it shows its base there: no patch needed
+		}
+		f, err := l.d.openFamilyFile(q.File)
+		if err != nil {
+			continue // gone (freed with the snapshot that held it)
+		}
+		n := int(q.End - q.Start)
+		if cap(a) < n {
+			a, b = make([]byte, n), make([]byte, n)
+		}
+		if err := fillRange(p, nil, 0, q.Start, a[:n]); err != nil {
+			return err
+		}
+		if err := readFull(f, q.Offset, b[:n]); err != nil {
+			return err
+		}
+		if bytes.Equal(a[:n], b[:n]) {
+			reused = append(reused, piece{start: q.Start, end: q.End, kind: piecePrev, name: q.File, f: f, off: q.Offset})
+		}
+	}
+	// The written pages no reused patch holds, as runs joined across small
+	// gaps that no reused patch sits in.
+	var spans [][2]uint64
+	ri := 0
+	for _, r := range p.overlay {
+		for va := r.vaddr; va < r.end(); {
+			for ri < len(reused) && reused[ri].end <= va {
+				ri++
+			}
+			if ri < len(reused) && reused[ri].start <= va {
+				va = reused[ri].end
+				continue
+			}
+			stop := r.end()
+			if ri < len(reused) {
+				stop = min(stop, reused[ri].start)
+			}
+			if k := len(spans); k > 0 && va-spans[k-1][1] < patchGap*pageSize &&
+				(ri == 0 || reused[ri-1].end <= spans[k-1][1]) {
+				spans[k-1][1] = stop
+			} else {
+				spans = append(spans, [2]uint64{va, stop})
+			}
+			va = stop
+		}
+	}
+	spans = joinClosest(spans, reused, maxPatchesPerVMA)
+	pieces := reused
+	for _, s := range spans {
+		reg := &region{slot: len(l.mf.regions), off: int64(len(l.mf.regions)) * SlotSize, regID: regBase, owner: p}
+		l.mf.regions = append(l.mf.regions, reg)
+		pieces = append(pieces, piece{start: s[0], end: s[1], kind: pieceNew, reg: reg})
+		// The bytes it shows: its base, its own pages on top.
+		from := s[0]
+		for _, r := range p.overlay {
+			r = r.slice(s[0], s[1])
+			if r.n == 0 {
+				continue
+			}
+			if r.vaddr > from {
+				if err := l.cp.copyData(l.mem, reg.off+int64(from-s[0]), p.base, p.baseOff+int64(from-start), int64(r.vaddr-from)); err != nil {
+					return err
+				}
+			}
+			l.jobs = append(l.jobs, copyJob{doff: reg.off + int64(r.vaddr-s[0]), src: r.f, soff: r.off, n: int64(r.n * pageSize)})
+			l.mf.moved += r.n
+			from = r.end()
+		}
+		if s[1] > from {
+			if err := l.cp.copyData(l.mem, reg.off+int64(from-s[0]), p.base, p.baseOff+int64(from-start), int64(s[1]-from)); err != nil {
+				return err
+			}
+		}
+	}
+	slices.SortFunc(pieces, func(x, y piece) int {
+		switch {
+		case x.start < y.start:
+			return -1
+		case x.start > y.start:
+			return 1
+		}
+		return 0
+	})
+	// The base around them.
+	var all []piece
+	from := start
+	for _, pc := range pieces {
+		if pc.start > from {
+			all = append(all, piece{start: from, end: pc.start, kind: pieceBase})
+		}
+		all = append(all, pc)
+		from = pc.end
+	}
+	if end > from {
+		all = append(all, piece{start: from, end: end, kind: pieceBase})
+	}
+	p.pieces = all
+	for _, r := range p.overlay {
+		for _, pc := range reused {
+			if s := r.slice(pc.start, pc.end); s.n > 0 {
+				l.mf.reused += s.n
+				l.mf.moved += s.n
+			}
+		}
+	}
+	return nil
+}
+
+// joinClosest joins neighbouring spans, closest first, until at most limit
+// remain; spans with a reused patch between them are never joined.
+func joinClosest(spans [][2]uint64, reused []piece, limit int) [][2]uint64 {
+	for len(spans) > limit {
+		best, gap := -1, uint64(0)
+		for i := 1; i < len(spans); i++ {
+			g := spans[i][0] - spans[i-1][1]
+			if best >= 0 && g >= gap {
+				continue
+			}
+			if slices.ContainsFunc(reused, func(pc piece) bool { return pc.start >= spans[i-1][1] && pc.end <= spans[i][0] }) {
+				continue
+			}
+			best, gap = i, g
+		}
+		if best < 0 {
+			return spans
+		}
+		spans[best-1][1] = spans[best][1]
+		spans = slices.Delete(spans, best, best+1)
+	}
+	return spans
+}
+
+// expandPatched replaces each patched VMA of the dump's tasks by its pieces
+// (stage phase), in the mm image and in the plans the rest of the stage
+// reads: a base piece is a family mapping without pages in the image, a new
+// patch a converted mapping of its region, a reused patch a family mapping
+// of the previous snapshot's file (given a files.img entry here). It
+// returns the patches, for Result.Patches.
+func (sg *stager) expandPatched(memName string) ([]Patch, error) {
+	d := sg.d
+	ids := map[string]uint32{}
+	for id, name := range d.famFiles {
+		if old, ok := ids[name]; !ok || id < old {
+			ids[name] = id
+		}
+	}
+	var out []Patch
+	for _, t := range d.tasks {
+		if t.mm == nil || !slices.ContainsFunc(t.vmas, func(p *vmaPlan) bool { return p.pieces != nil }) {
+			continue
+		}
+		var plans []*vmaPlan
+		var entries []*vma.VmaEntry
+		for _, p := range t.vmas {
+			if p.pieces == nil {
+				plans = append(plans, p)
+				entries = append(entries, p.e)
+				continue
+			}
+			for _, pc := range p.pieces {
+				e := proto.Clone(p.e).(*vma.VmaEntry)
+				e.Start, e.End = ptr(pc.start), ptr(pc.end)
+				np := &vmaPlan{e: e, kind: vmaFamily}
+				switch pc.kind {
+				case pieceBase:
+					np.baseName, np.base = p.baseName, p.base
+					np.baseOff = p.baseOff + int64(pc.start-p.e.GetStart())
+					e.Pgoff = ptr(uint64(np.baseOff))
+				case pieceNew:
+					np.convert, np.region, np.regOff = true, pc.reg, pc.reg.off
+					out = append(out, Patch{Pid: t.pid, Start: pc.start, End: pc.end, File: memName, Offset: pc.reg.off})
+				case piecePrev:
+					id, ok := ids[pc.name]
+					if !ok {
+						var err error
+						if id, err = sg.addFamilyFile(pc.name, pc.f); err != nil {
+							return nil, err
+						}
+						ids[pc.name] = id
+					}
+					np.baseName, np.base, np.baseOff = pc.name, pc.f, pc.off
+					e.Shmid, e.Pgoff = ptr(uint64(id)), ptr(uint64(pc.off))
+					out = append(out, Patch{Pid: t.pid, Start: pc.start, End: pc.end, File: pc.name, Offset: pc.off})
+				}
+				plans = append(plans, np)
+				entries = append(entries, e)
+			}
+		}
+		t.vmas = plans
+		t.mm.MM.Vmas = entries
+	}
+	return out, nil
+}
+
+// addFamilyFile gives family file name (open as f) a files.img entry of its
+// own, recorded like the dump's family files, and returns its id.
+func (sg *stager) addFamilyFile(name string, f *os.File) (uint32, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if !st.Mode().IsRegular() {
+		return 0, fmt.Errorf("family file %s is not a regular file: %w", name, errdefs.ErrFailedPrecondition)
+	}
+	id := sg.nextID
+	sg.nextID++
+	fe := sg.regFileNamed(id, name, st, uint32(st.Mode().Perm())|unix.S_IFREG)
+	sg.added = append(sg.added, fe)
+	sg.d.famFiles[id] = name
+	return id, nil
+}
