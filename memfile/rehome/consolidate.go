@@ -56,8 +56,11 @@ type Piece struct {
 // two address-adjacent private mappings of files under memDir (as the
 // process sees them) with one protection and none of the VmFlags of
 // skipFlags, each a VMA with Prepared set and its Pieces, slots 0, 1, 2...
+// With private, a run of one mapping counts too when it holds pages the
+// process wrote (anonymous pages inside it): a parent that runs on its
+// files without moving again keeps its writes there (VMA.HoldsPrivate).
 // It reads /proc/pid/smaps (the process may run).
-func Fragments(pid int, memDir string) ([]VMA, error) {
+func Fragments(pid int, memDir string, private bool) ([]VMA, error) {
 	b, err := readProc(pid, "smaps", 0)
 	if err != nil {
 		return nil, err
@@ -66,24 +69,35 @@ func Fragments(pid int, memDir string) ([]VMA, error) {
 	var cur VMA // the region being built
 	var piece Piece
 	var pieceOK bool
-	var hv VMA // the header of the mapping being read
+	var hv VMA        // the header of the mapping being read
+	var anonKB uint64 // written pages of the mapping being read
 	flush := func() {
-		if len(cur.Pieces) >= 2 {
+		if len(cur.Pieces) >= 2 || private && cur.HoldsPrivate {
 			cur.Slot = len(out)
 			cur.Pages = cur.Len() / pageSize
 			out = append(out, cur)
 		}
 		cur = VMA{}
 	}
-	smapsLines(b, "V", func(l []byte) {
+	smapsLines(b, "ASV", func(l []byte) {
 		m, _ := splitMaps(l)
 		hv, _ = m.vma()
+		anonKB = 0
 		piece, pieceOK = Piece{}, false
 		if m.memFile(memDir) && !bytes.HasSuffix(m.name, []byte(" (deleted)")) {
 			piece = Piece{Start: m.start, End: m.end, Offset: m.offset, Dev: string(m.dev), Inode: m.inode, Path: hv.Name}
 			pieceOK = true
 		}
 	}, func(l []byte) {
+		// Written pages: anonymous, or swapped out.
+		if kb, found := bytes.CutPrefix(l, []byte("Anonymous:")); found {
+			anonKB += parseKB(kb)
+			return
+		}
+		if kb, found := bytes.CutPrefix(l, []byte("Swap:")); found {
+			anonKB += parseKB(kb)
+			return
+		}
 		rest, found := bytes.CutPrefix(l, []byte("VmFlags:"))
 		if !found {
 			return
@@ -107,6 +121,7 @@ func Fragments(pid int, memDir string) ([]VMA, error) {
 		}
 		cur.End = piece.End
 		cur.Pieces = append(cur.Pieces, piece)
+		cur.HoldsPrivate = cur.HoldsPrivate || anonKB > 0
 	})
 	flush()
 	return out, nil

@@ -122,7 +122,7 @@ func fragment(t *testing.T) (*prog, string, map[uint64]bool) {
 // pause before a checkpoint, while the process runs.
 func fragmentAndPrepare(t *testing.T) (p *prog, dir string, flips map[uint64]bool, prepared []VMA, c *os.File) {
 	p, dir, flips = fragment(t)
-	regions, err := Fragments(p.pid, dir)
+	regions, err := Fragments(p.pid, dir, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestConsolidateSpreadWrites(t *testing.T) {
 		t.Fatalf("heap in %d mappings: the spread moves did not fragment it", before)
 	}
 
-	regions, err := Fragments(p.pid, dir)
+	regions, err := Fragments(p.pid, dir, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestConsolidateRefusesChangedRegion(t *testing.T) {
 // are the unchanged ones; after a patch move cut one up, it is left out.
 func TestStillPrepared(t *testing.T) {
 	p, dir, _ := fragment(t)
-	regions, err := Fragments(p.pid, dir)
+	regions, err := Fragments(p.pid, dir, false)
 	if err != nil {
 		t.Fatal(err)
 	}

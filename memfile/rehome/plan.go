@@ -50,6 +50,9 @@ type VMA struct {
 	// copies, zeros included) and maps the whole region from the slot.
 	Prepared bool    `json:",omitempty"`
 	Pieces   []Piece `json:",omitempty"`
+	// HoldsPrivate: a region of Fragments with pages its process wrote
+	// (anonymous pages in its mappings) when it was found.
+	HoldsPrivate bool `json:",omitempty"`
 	// PreCopied: a private anonymous VMA whose slot holds a copy made
 	// while the process ran (PreCopy): a move writes only the pages
 	// written since (zeros included) and maps it whole.

@@ -45,7 +45,11 @@ type Request struct {
 	Prepare      bool   `json:"prepare,omitempty"`
 	HostDir      string `json:"hostDir,omitempty"`
 	PrepareAbove int    `json:"prepareAbove,omitempty"`
-	MaxBytes     int64  `json:"maxBytes,omitempty"`
+	// PrepareWritten, with Prepare: also regions of fewer pieces that hold
+	// pages the process wrote (rehome.Fragments with private), for a
+	// process that ran on its files without moving since its last move.
+	PrepareWritten bool  `json:"prepareWritten,omitempty"`
+	MaxBytes       int64 `json:"maxBytes,omitempty"`
 	// Hop, with a move: regions prepared earlier, mapped from their file
 	// (with the pages written since on top) before the move plans.
 	Hop *Hop `json:"hop,omitempty"`
@@ -488,7 +492,7 @@ func prepare(req *Request, joined func()) (reply Reply) {
 	var bytes uint64
 	slot := 0
 	for _, pid := range req.Pids {
-		all, err := rehome.Fragments(pid, req.MemDir)
+		all, err := rehome.Fragments(pid, req.MemDir, req.PrepareWritten)
 		if err != nil {
 			return fail(err)
 		}
@@ -496,7 +500,7 @@ func prepare(req *Request, joined func()) (reply Reply) {
 		// its own slot): only regions patches cut up are worth a copy.
 		var regions []rehome.VMA
 		for _, r := range all {
-			if len(r.Pieces) >= MinRegionPieces {
+			if len(r.Pieces) >= MinRegionPieces || req.PrepareWritten && r.HoldsPrivate {
 				r.Slot = len(regions)
 				regions = append(regions, r)
 			}
