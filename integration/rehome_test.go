@@ -209,18 +209,20 @@ func TestRehome(t *testing.T) {
 	if v, want := parent.signal(t, ctx, syscall.SIGUSR1, "verify "), fmt.Sprintf("verify ok pages=16384 writes=%d", later+1); v != want {
 		t.Errorf("parent at the end: %q, want %q", v, want)
 	}
-	// The later checkpoints started runc beside their moves, CRIU held at
-	// the dump gate until each move was over; the first (the whole heap)
-	// started it after.
+	// The later checkpoints left the parent on its files (patched deltas,
+	// on by default): no move, its writes patches of its forks.
 	ckpts := strings.Split(grepLines(e.Log(), "checkpoint rewritten"), "\n")
-	gated := 0
+	patched := 0
 	for _, l := range ckpts {
-		if strings.Contains(l, "dump_gated=true") {
-			gated++
+		if strings.Contains(l, "patched=true") {
+			patched++
 		}
 	}
-	if len(ckpts) != later+1 || gated != later || strings.Contains(ckpts[0], "dump_gated=true") {
-		t.Errorf("%d of %d checkpoints held runc's CRIU at a gate, want all but the first:\n%s", gated, len(ckpts), strings.Join(ckpts, "\n"))
+	if len(ckpts) != later+1 || patched != later || strings.Contains(ckpts[0], "patched=true") {
+		t.Errorf("%d of %d checkpoints were patched deltas, want all but the first:\n%s", patched, len(ckpts), strings.Join(ckpts, "\n"))
+	}
+	if moves := grepLines(e.Log(), "moved onto memory file"); strings.Count(moves, "\n") > 0 {
+		t.Errorf("the parent moved again after its first snapshot:\n%s", moves)
 	}
 	holders, err := store.Holders(res.Family)
 	if err != nil {
@@ -268,8 +270,11 @@ func shmemOf(t *testing.T, ctx context.Context, ctr containerd.Container) uint64
 // whose memory it holds, so its limit bounds its snapshots: a parent with a
 // limit a little above its heap moves and forks; a parent with no headroom
 // left gets a clear error and keeps running, unmoved (issue 11, point 4).
+//
+// The stack runs with LAZYFORK_PATCH_DELTAS=off, so that every snapshot
+// moves the parent (TestRehomePatchedDeltas has the default).
 func TestRehomeMemoryLimit(t *testing.T) {
-	e, ctx, img := startLFPython(t)
+	e, ctx, img := startLFPython(t, "LAZYFORK_PATCH_DELTAS=off") // a move at every snapshot
 	lf := e.lfClient()
 
 	fits := e.startCounter(t, ctx, img, "fits-"+lfRandom(3), 64)
@@ -611,8 +616,11 @@ func seccompFilters(t *testing.T, pid uint32) int {
 // fragmentation (whose file the consolidation copied from) included. Forks
 // are restored only where the mappings are few: CRIU 4.1.1 now and then dies
 // restoring a task with hundreds of file mappings (docs, Known limits).
+//
+// The stack runs with LAZYFORK_PATCH_DELTAS=off, so that every snapshot
+// moves the parent (TestRehomePatchedDeltas has the default).
 func TestRehomeSpreadWrites(t *testing.T) {
-	e, ctx, img := startLFPython(t)
+	e, ctx, img := startLFPython(t, "LAZYFORK_PATCH_DELTAS=off") // a move at every snapshot
 	lf := e.lfClient()
 	// 512 pages 7919 apart in a 96 MiB heap: each an island of its own,
 	// so each call's move makes 512 patches of the heap's mapping.
@@ -709,8 +717,11 @@ func TestRehomeSpreadWrites(t *testing.T) {
 // the call consolidates early: in its Pause, the parent running, as at the
 // bound. The forks then map the heap whole, and the replaced pieces are
 // freed, so the copy leaves no second heap on the tmpfs.
+//
+// The stack runs with LAZYFORK_PATCH_DELTAS=off, so that every snapshot
+// moves the parent (TestRehomePatchedDeltas has the default).
 func TestRehomeManyForksConsolidate(t *testing.T) {
-	e, ctx, img := startLFPython(t)
+	e, ctx, img := startLFPython(t, "LAZYFORK_PATCH_DELTAS=off") // a move at every snapshot
 	lf := e.lfClient()
 	// As in TestRehomeSpreadWrites, but each call's move makes 256
 	// patches, short of the bound (512) for a call of one fork.
@@ -778,9 +789,12 @@ func TestRehomeManyForksConsolidate(t *testing.T) {
 // start-up stays out of the pause. At most one waits per shim, in the
 // shim's cgroups, and not past LAZYFORK_REHOME_STANDBY; LAZYFORK_REHOME_STANDBY=off
 // starts none.
+//
+// The stack runs with LAZYFORK_PATCH_DELTAS=off, so that every snapshot
+// moves the parent (TestRehomePatchedDeltas has the default).
 func TestRehomeStandbyHelper(t *testing.T) {
 	const wait = 8 * time.Second // the steps before its expiry take about a second
-	e, ctx, img := startLFPython(t, "LAZYFORK_REHOME_STANDBY="+wait.String())
+	e, ctx, img := startLFPython(t, "LAZYFORK_REHOME_STANDBY="+wait.String(), "LAZYFORK_PATCH_DELTAS=off")
 	lf := e.lfClient()
 	parent := e.startCounter(t, ctx, img, "standby-"+lfRandom(3), 16)
 	shimPID := parentOf(int(parent.task.Pid()))
@@ -926,4 +940,117 @@ func logDuration(t *testing.T, lines, name string) time.Duration {
 		t.Fatalf("%s=%s: %v", name, m[1], err)
 	}
 	return d
+}
+
+// TestRehomePatchedDeltas: with patched deltas (the default), a parent that
+// moved at its first snapshot stays on its files at its later ones. A call
+// after it wrote 256 pages spread over its heap leaves it with as few
+// mappings as before (its writes are anonymous pages inside them, its dump
+// small), and its snapshot gets those pages as patches of memory files, not
+// as pages each fork restores privately. A snapshot with nothing written
+// since maps the previous one's patches again and writes about nothing. With
+// the patches past the bound (shim's consolidateAfter, 512), the next call's
+// Pause prepares a consolidation and its move maps the heap whole with the
+// written pages on top: the parent then holds nothing twice, and its fork
+// has few mappings. Every copy's heap verifies.
+func TestRehomePatchedDeltas(t *testing.T) {
+	e, ctx, img := startLFPython(t)
+	lf := e.lfClient()
+	const heapMiB, perCall = 96, 256
+	parent := e.startCounter(t, ctx, img, "patched-"+lfRandom(3), heapMiB, "--writes-per-signal", strconv.Itoa(perCall))
+	pid := parent.task.Pid()
+	var forks []*counter
+	fork := func() string {
+		t.Helper()
+		from := len(e.Log())
+		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := e.forks(res)[0]
+		checkContinues(t, ctx, parent, f)
+		forks = append(forks, f)
+		return e.Log()[from:]
+	}
+	checkpoint := func(call string) string {
+		t.Helper()
+		from := len(e.Log())
+		before := tmpfsBytes(t, e.Root)
+		res, err := lf.Checkpoint(ctx, parent.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		grew := tmpfsBytes(t, e.Root) - before
+		// Kept, as a fork would keep its patches' files.
+		t.Cleanup(func() { lf.RemoveSnapshot(context.WithoutCancel(ctx), res.Snapshot) })
+		l := grepLines(e.Log()[from:], "checkpoint rewritten")
+		t.Logf("call %s: parent %d mappings, RssAnon %d kB; tmpfs +%d kB; %s", call, mapCount(t, pid), statusKB(t, pid, "RssAnon"), grew>>10, l)
+		if !strings.Contains(l, "patched=true") {
+			t.Errorf("call %s was not a patched delta: %s", call, l)
+		}
+		// Its patches: the pages written, up to 3 clean ones joined
+		// between two, and the interpreter's; nothing of the heap.
+		if grew > 8<<20 {
+			t.Errorf("call %s added %d kB to the tmpfs", call, grew>>10)
+		}
+		return l
+	}
+	fork() // the parent moves onto its memory file
+	moved := mapCount(t, pid)
+	anonMoved := statusKB(t, pid, "RssAnon")
+
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	checkpoint("2")
+	if maps := mapCount(t, pid); maps > moved+20 {
+		t.Errorf("call 2 gave the parent %d mappings, %d before: it moved its writes", maps, moved)
+	}
+	// It keeps its 256 written pages (1 MiB) and what the interpreter wrote.
+	if anon := statusKB(t, pid, "RssAnon"); anon < anonMoved+perCall*4 {
+		t.Errorf("call 2: the parent holds %d kB privately, %d kB after its move: its writes are gone", anon, anonMoved)
+	}
+	// Nothing written since: the previous snapshot's patches, mapped again.
+	before := tmpfsBytes(t, e.Root)
+	if l := checkpoint("2b"); strings.Contains(l, "pages_reused=0 ") {
+		t.Errorf("call 2b did not reuse the previous patches: %s", l)
+	}
+	if grew := tmpfsBytes(t, e.Root) - before; grew > 1<<20 {
+		t.Errorf("call 2b, with nothing written since call 2, added %d kB to the tmpfs", grew>>10)
+	}
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	checkpoint("3") // past the bound
+
+	// Call 4: its Pause prepares a consolidation, its move maps the heap whole.
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	callLog := fork()
+	prepared := strings.Index(callLog, "lazyfork: consolidation prepared")
+	movedAt := strings.Index(callLog, "lazyfork: moved onto memory file")
+	if prepared < 0 || movedAt < prepared {
+		t.Fatalf("call 4: the shim's log does not show a consolidation prepared before a move (prepared at %d, moved at %d):\n%s", prepared, movedAt, grepLines(callLog, "lazyfork:"))
+	}
+	if l := grepLines(callLog, "checkpoint rewritten"); strings.Contains(l, "patched=true") {
+		t.Errorf("call 4 moved and still patched: %s", l)
+	}
+	maps, anon := mapCount(t, pid), statusKB(t, pid, "RssAnon")
+	t.Logf("call 4: parent %d mappings, RssAnon %d kB", maps, anon)
+	if anon > anonMoved+2<<10 {
+		t.Errorf("call 4 consolidated, and the parent still holds %d kB privately (%d kB after its first move)", anon, anonMoved)
+	}
+	if maps > moved+20 {
+		t.Errorf("call 4: the parent has %d mappings, %d after its first move", maps, moved)
+	}
+	if got := mapCount(t, forks[1].task.Pid()); got > moved+20 {
+		t.Errorf("the fork of call 4 has %d mappings, the parent %d", got, moved)
+	}
+
+	// Call 5: patched again, on the consolidated file.
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	checkpoint("5")
+
+	pages := heapMiB << 20 / 4096
+	for c, writes := range map[*counter]int{parent: 4 * perCall, forks[0]: 0, forks[1]: 3 * perCall} {
+		want := fmt.Sprintf("verify ok pages=%d writes=%d", pages, writes)
+		if v := c.signal(t, ctx, syscall.SIGUSR1, "verify "); v != want {
+			t.Errorf("%s: %q, want %q", c.id, v, want)
+		}
+	}
 }

@@ -65,6 +65,12 @@ type Config struct {
 	// PreCopyMin bytes of private anonymous memory (precopy.go).
 	PreCopy    bool
 	PreCopyMin int64
+	// PatchDeltas leaves a container that moved onto its files running on
+	// them at its later snapshots: its dump holds what it wrote since its
+	// last move, which the rewrite turns into patches for the forks, and it
+	// moves again only to consolidate (patched.go). Off, every snapshot
+	// moves it.
+	PatchDeltas bool
 	// RuncRoot is runc's state root for containers whose runtime options name
 	// none ("": runc's /run/containerd/runc). CgroupParent, when set, holds the
 	// cgroups of containers that have containerd's default cgroupsPath
@@ -144,16 +150,24 @@ func (c Config) MemRoot() string { return api.Root(c.Root).Mem() }
 // ConfigFromEnv reads LAZYFORK_ROOT, LAZYFORK_TMPFS_SIZE, LAZYFORK_OVERCOMMIT,
 // LAZYFORK_CRIU_VERBOSITY, LAZYFORK_MADVISE, LAZYFORK_ARCHIVE_DIRS,
 // LAZYFORK_RESTORE_TIMEOUT, LAZYFORK_REHOME, LAZYFORK_REHOME_STANDBY, LAZYFORK_PRECOPY,
+// LAZYFORK_PATCH_DELTAS,
 // LAZYFORK_RUNC_ROOT and LAZYFORK_CGROUP_PARENT.
 func ConfigFromEnv() (Config, error) {
 	c := Config{Root: api.DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
-		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true, RehomeStandby: DefaultRehomeStandby, PreCopy: true, PreCopyMin: DefaultPreCopyMin}
+		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true, RehomeStandby: DefaultRehomeStandby, PreCopy: true, PreCopyMin: DefaultPreCopyMin, PatchDeltas: true}
 	switch v := os.Getenv("LAZYFORK_REHOME"); v {
 	case "", "on", "true", "1":
 	case "off", "false", "0":
 		c.Rehome = false
 	default:
 		return c, fmt.Errorf("LAZYFORK_REHOME %q: want on or off: %w", v, errdefs.ErrInvalidArgument)
+	}
+	switch v := os.Getenv("LAZYFORK_PATCH_DELTAS"); v {
+	case "", "on", "true", "1":
+	case "off", "false", "0":
+		c.PatchDeltas = false
+	default:
+		return c, fmt.Errorf("LAZYFORK_PATCH_DELTAS %q: want on (later snapshots leave a container on its files and patch its forks) or off (every snapshot moves it): %w", v, errdefs.ErrInvalidArgument)
 	}
 	switch v := os.Getenv("LAZYFORK_PRECOPY"); v {
 	case "", "on", "true", "1":

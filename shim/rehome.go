@@ -72,7 +72,14 @@ func (s *Service) madviseOf(st *containerState) (madvguard.Mode, bool, error) {
 // would move it onto a memory file (rehomeEnabled).
 func (s *Service) movesAtCheckpoint(st *containerState) bool {
 	mode, guard, err := s.madviseOf(st)
-	return err == nil && st.View != "" && s.rehomeEnabled(st, mode, guard)
+	if err != nil || st.View == "" || !s.rehomeEnabled(st, mode, guard) {
+		return false
+	}
+	if s.cfg.PatchDeltas && len(st.MovedFiles) > 0 {
+		_, moveDue := patchedNext(st.Namespace + "/" + st.ID)
+		return moveDue
+	}
+	return true
 }
 
 // rehomeContainer moves the private anonymous memory of every process of a
@@ -776,6 +783,11 @@ type moveNote struct {
 	// told at intentAt.
 	forks    int
 	intentAt time.Time
+	// patched: its last snapshot left it on its files (patched.go); prev
+	// are that snapshot's patches, private the bytes its dump held.
+	patched bool
+	prev    []memfile.Patch
+	private int64
 }
 
 var (
@@ -827,6 +839,10 @@ func noteMove(key string, pid, patches int, consolidated bool) {
 	if n == nil || consolidated {
 		n = &moveNote{}
 		moveNotes[key] = n
+	}
+	if n.patched {
+		// Its patches were its forks'; its own start now.
+		n.patched, n.prev, n.private, n.patches = false, nil, 0, 0
 	}
 	n.pid, n.moved = pid, true
 	n.patches += patches
@@ -901,7 +917,9 @@ func (s *Service) consolidationDue(st *containerState) (due, bound bool) {
 }
 
 // due: moved since the last preparation, with enough patches (nil: never).
-func (n *moveNote) due() bool { return n != nil && n.moved && n.patches >= consolidateAfter }
+func (n *moveNote) due() bool {
+	return n != nil && n.moved && (n.patches >= consolidateAfter || n.patched && n.private >= consolidateBytes)
+}
 
 // dueFor: worth consolidating for a call of that many forks, the container
 // holding its files alone. Its patches, counted once per fork, reach the
@@ -959,10 +977,10 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState, 
 	consolidation.Lock()
 	n := moveNotes[key] // the container's, unless dropped (Delete) meanwhile
 	ready := n != nil && n.moved
-	pid := 0
+	pid, patched := 0, false
 	if n != nil {
 		n.moved = false
-		pid = n.pid
+		pid, patched = n.pid, n.patched
 	}
 	consolidation.Unlock()
 	if !ready || st.View == "" {
@@ -1003,6 +1021,10 @@ func (s *Service) prepareConsolidation(ctx context.Context, st *containerState, 
 	req := movehelper.Request{
 		Prepare: true, Freezer: freezer, Pids: pids, HostFile: pf.Path(), HostDir: store.ViewDir(st.View),
 		MemDir: memfile.MountPath, PrepareAbove: consolidateAbove, MaxBytes: maxBytes,
+	}
+	if patched {
+		// Its writes sit in its mappings, however few (patched.go).
+		req.PrepareAbove, req.PrepareWritten = 0, true
 	}
 	var run helperRun
 	reply, err := s.runRehomeHelper(ctx, pid, &req, nil, nil, &run)

@@ -606,7 +606,17 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	move := frozen && s.rehomeEnabled(st, mode, guard)
+	rehome := s.rehomeEnabled(st, mode, guard)
+	move := frozen && rehome
+	key := st.Namespace + "/" + st.ID
+	if rehome && s.cfg.PatchDeltas && len(st.MovedFiles) > 0 {
+		// It runs on its files: unless a consolidation is due, it stays
+		// there and its forks get its writes as patches (patched.go).
+		if prev, moveDue := patchedNext(key); !moveDue || !move {
+			ropts.Patch = &memfile.PatchOptions{Previous: prev}
+			move = false
+		}
+	}
 	// A move's plan reads them (the task is frozen, and wipe-on-fork
 	// mappings never move): a second read of every smaps would run beside
 	// it on the pause's CPUs. Without a move, or where its plan did not
@@ -760,6 +770,11 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return madvguard.ApplyMode(staging, rs, mode)
 	}
 	res, err := store.Rewrite(ctx, r.Path, ropts)
+	if errdefs.IsAborted(err) && ropts.Patch != nil && len(ropts.Patch.Previous) > 0 {
+		// A previous patch's file was freed meanwhile: patch anew.
+		ropts.Patch = &memfile.PatchOptions{}
+		res, err = store.Rewrite(ctx, r.Path, ropts)
+	}
 	if err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("lazyfork: rewrite checkpoint %s of %s into family %s (the directory keeps runc's plain image): %w", r.Path, r.ID, st.Family, err))
 	}
@@ -771,6 +786,9 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 			log.G(ctx).WithError(err).Warn("lazyfork: record where a memory file is charged")
 		}
 	}
+	if ropts.Patch != nil && !opts.GetExit() {
+		notePatched(key, int(ts.Pid), res)
+	}
 	if move && !opts.GetExit() {
 		// Its next snapshot's helper waits, started now (standbyHelper).
 		s.startStandbyHelper(ctx)
@@ -778,6 +796,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	log.G(ctx).WithFields(log.Fields{
 		"id": r.ID, "family": st.Family, "files": len(res.Files),
 		"pages_moved": res.PagesMoved, "pages_kept": res.PagesKept, "rebased": res.Rebased,
+		"patched": ropts.Patch != nil, "patches": len(res.Patches), "pages_reused": res.PagesReused,
 		"pages_wiped": res.PagesWiped, "duration": res.Duration, "madvise_guard": guardName(guard, mode),
 		"wipe_read": tWipe, "wipe_from_move": wipeFromMove, "move": tMove, "dump": tDump, "dump_gated": early.wentOn(), "until_thaw": tThawed,
 		"precopy_frozen": preCopyFrozen, "paused": src.Paused,
