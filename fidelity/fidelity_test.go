@@ -212,3 +212,50 @@ func TestCopiesDrawTheirOwnRandomness(t *testing.T) {
 		}
 	}
 }
+
+// A copy running on the family's files stands for a parent that moved onto
+// them and is not moved again (the shim's patched deltas): it is snapshotted
+// three more times, writing a marker before each, and every snapshot is a
+// patched delta. Its copies restore the pages it wrote as patches of memory
+// files (none of its heap is kept in the image), continue, and check their
+// memory; the running copy checks its own after each snapshot. Each
+// workload: glibc, CPython with a thread and a child process, Go.
+func TestPatchedGenerations(t *testing.T) {
+	for _, kind := range []workloads.Kind{workloads.C, workloads.Python, workloads.Go} {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, false)
+			h.loop.Patch = true
+			orig := h.start(kind, 64)
+			s, before, after := h.snap(orig, "first")
+			p := h.restore(s, kind, 1, "parent-")[0]
+			h.continues(p, before, after)
+			for gen := 2; gen <= 4; gen++ {
+				marker := h.mark(p)
+				s, before, after := h.snap(p, fmt.Sprintf("gen%d", gen))
+				r := s.Rewrite
+				if r.Rebased || len(r.Patches) == 0 {
+					t.Fatalf("gen %d: not a patched delta: rebased=%v, %d patches", gen, r.Rebased, len(r.Patches))
+				}
+				// Left in the image: stacks and the like, never the heap.
+				if r.PagesKept > 1024 {
+					t.Errorf("gen %d: %d pages kept in the image", gen, r.PagesKept)
+				}
+				cs := h.restore(s, kind, 2, fmt.Sprintf("gen%d-", gen))
+				for _, c := range cs {
+					// What the parent wrote since its restore is in patches,
+					// not copied into each copy.
+					if anon := h.mem(c).RssAnon; anon > 16<<20 {
+						t.Errorf("gen %d: %s holds %d kB privately right after its restore (heap 64 MiB)", gen, c.name, anon>>10)
+					}
+				}
+				for _, c := range cs {
+					h.continues(c, before, after)
+				}
+				h.verifyAll(append(cs, p), []uint64{marker, marker, marker})
+				if err := h.loop.Kill(cs[0].copy, cs[1].copy); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -35,7 +35,12 @@ type Loop struct {
 	// with the rewrite: in copies, purging madvise calls on memory-file ranges that
 	// hold data fail with EINVAL instead of bringing back the file's bytes.
 	Guard bool
+	// Patch rewrites the snapshots of a process that already runs on the
+	// family's files as patched deltas (memfile.RewriteOptions.Patch), each
+	// reusing the patches of that process's previous snapshot.
+	Patch bool
 
+	patches map[int][]memfile.Patch // by root PID: its last snapshot's
 	root    string
 	mounted bool // Open mounted the tmpfs at root, so Close unmounts it
 }
@@ -118,7 +123,7 @@ func (l *Loop) Snapshot(ctx context.Context, pid int, dir string) (*Snapshot, er
 		if err != nil {
 			return nil, err
 		}
-		if s.Rewrite, err = l.rewrite(ctx, dir, wipe.Merge(after)); err != nil {
+		if s.Rewrite, err = l.rewritePatched(ctx, dir, wipe.Merge(after), pid); err != nil {
 			return nil, err
 		}
 	}
@@ -132,6 +137,12 @@ func (l *Loop) Rewrite(ctx context.Context, dir string) (*memfile.Result, error)
 }
 
 func (l *Loop) rewrite(ctx context.Context, dir string, wipe memfile.WipeOnFork) (*memfile.Result, error) {
+	return l.rewritePatched(ctx, dir, wipe, 0)
+}
+
+// rewritePatched is rewrite of a snapshot of the tree of pid, patched when
+// Patch is set.
+func (l *Loop) rewritePatched(ctx context.Context, dir string, wipe memfile.WipeOnFork, pid int) (*memfile.Result, error) {
 	if l.Store == nil {
 		return nil, fmt.Errorf("rewrite %s: plain loop has no store", dir)
 	}
@@ -146,9 +157,19 @@ func (l *Loop) rewrite(ctx context.Context, dir string, wipe memfile.WipeOnFork)
 			return madvguard.ApplyMode(staging, ranges, madvguard.Refuse)
 		}
 	}
+	if l.Patch && pid != 0 {
+		// (A tree not yet on the family's files has nothing to patch.)
+		opts.Patch = &memfile.PatchOptions{Previous: l.patches[pid]}
+	}
 	r, err := l.Store.Rewrite(ctx, dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite %s: %w", dir, err)
+	}
+	if opts.Patch != nil {
+		if l.patches == nil {
+			l.patches = map[int][]memfile.Patch{}
+		}
+		l.patches[pid] = r.Patches
 	}
 	return r, nil
 }
