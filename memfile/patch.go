@@ -30,8 +30,11 @@ const (
 	// between are copied too), as in a move (rehome.patches).
 	patchGap = 4
 	// maxPatchesPerVMA bounds the new patches of one VMA: the closest runs
-	// are joined beyond it.
-	maxPatchesPerVMA = 512
+	// are joined beyond it. A patch is two more mappings in every copy; the
+	// shim consolidates its parent long before (consolidateAfter), so this
+	// only keeps a pathological writer's copies under the kernel's default
+	// limit of 65,530 mappings.
+	maxPatchesPerVMA = 8192
 )
 
 // Patch is a piece of a snapshot's patched VMA that maps a family file
@@ -227,25 +230,48 @@ func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
 // joinClosest joins neighbouring spans, closest first, until at most limit
 // remain; spans with a reused patch between them are never joined.
 func joinClosest(spans [][2]uint64, reused []piece, limit int) [][2]uint64 {
-	for len(spans) > limit {
-		best, gap := -1, uint64(0)
-		for i := 1; i < len(spans); i++ {
-			g := spans[i][0] - spans[i-1][1]
-			if best >= 0 && g >= gap {
-				continue
-			}
-			if slices.ContainsFunc(reused, func(pc piece) bool { return pc.start >= spans[i-1][1] && pc.end <= spans[i][0] }) {
-				continue
-			}
-			best, gap = i, g
-		}
-		if best < 0 {
-			return spans
-		}
-		spans[best-1][1] = spans[best][1]
-		spans = slices.Delete(spans, best, best+1)
+	if len(spans) <= limit {
+		return spans
 	}
-	return spans
+	// gaps[k] is the gap before spans[k+1]; a reused patch in it bars it.
+	type gap struct {
+		k    int
+		size uint64
+	}
+	var gaps []gap
+	ri := 0
+	for k := 0; k+1 < len(spans); k++ {
+		from, to := spans[k][1], spans[k+1][0]
+		for ri < len(reused) && reused[ri].end <= from {
+			ri++
+		}
+		if ri < len(reused) && reused[ri].start < to {
+			continue
+		}
+		gaps = append(gaps, gap{k, to - from})
+	}
+	slices.SortStableFunc(gaps, func(a, b gap) int {
+		switch {
+		case a.size < b.size:
+			return -1
+		case a.size > b.size:
+			return 1
+		}
+		return 0
+	})
+	joined := make([]bool, len(spans))
+	for _, g := range gaps[:min(len(gaps), len(spans)-limit)] {
+		joined[g.k] = true // spans[k] runs on into spans[k+1]
+	}
+	out := spans[:0]
+	for k := 0; k < len(spans); k++ {
+		if k > 0 && joined[k-1] {
+			out[len(out)-1][1] = spans[k][1]
+			continue
+		}
+		out = append(out, spans[k])
+	}
+	return out
 }
 
 // expandPatched replaces each patched VMA of the dump's tasks by its pieces
