@@ -52,8 +52,13 @@ const (
 	// never a fork.
 	AnnotationForkContainer = Prefix + "fork-container"
 	// AnnotationRehome "false" opts a container out of moving onto its
-	// memory files at each checkpoint.
+	// memory files at its checkpoints; RehomeEachSnapshot moves it at
+	// every one instead of its first.
 	AnnotationRehome = Prefix + "rehome"
+	// RehomeEachSnapshot, as AnnotationRehome's value, moves the container
+	// at every snapshot, not only at its first (no patched deltas: the
+	// shim's LAZYFORK_PATCH_DELTAS=off for one container).
+	RehomeEachSnapshot = "each-snapshot"
 )
 
 // ValidName reports whether s may name a family, a view or an operation (it

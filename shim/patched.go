@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
@@ -27,6 +28,13 @@ import (
 // Where no consolidation can be prepared (cgroup v2), it moves plainly
 // (patches in the container itself) at twice those bounds.
 const consolidateBytes = 64 << 20
+
+// patchesDeltas reports whether a container's later snapshots are patched
+// deltas: the shim setting, unless its lazyfork.io/rehome annotation asks
+// for a move at each snapshot.
+func (s *Service) patchesDeltas(st *containerState) bool {
+	return s.cfg.PatchDeltas && st.Rehome != api.RehomeEachSnapshot
+}
 
 // patchedNext returns what the next snapshot of a container that moved
 // needs for patched deltas: the previous snapshot's patches, and whether a

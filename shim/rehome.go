@@ -75,7 +75,7 @@ func (s *Service) movesAtCheckpoint(st *containerState) bool {
 	if err != nil || st.View == "" || !s.rehomeEnabled(st, mode, guard) {
 		return false
 	}
-	if s.cfg.PatchDeltas && len(st.MovedFiles) > 0 {
+	if s.patchesDeltas(st) && len(st.MovedFiles) > 0 {
 		_, moveDue := patchedNext(st.Namespace + "/" + st.ID)
 		return moveDue
 	}

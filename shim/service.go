@@ -220,8 +220,8 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 	if _, _, err := parseMadvise(c.state.Madvise); err != nil {
 		return nil, fmt.Errorf("annotation %s: %w", api.AnnotationMadvise, err)
 	}
-	if v := c.state.Rehome; v != "" && v != "true" && v != "false" {
-		return nil, fmt.Errorf("annotation %s=%q: want true or false: %w", api.AnnotationRehome, v, errdefs.ErrInvalidArgument)
+	if v := c.state.Rehome; v != "" && v != "true" && v != "false" && v != api.RehomeEachSnapshot {
+		return nil, fmt.Errorf("annotation %s=%q: want true, false or %s: %w", api.AnnotationRehome, v, api.RehomeEachSnapshot, errdefs.ErrInvalidArgument)
 	}
 	byAnnotation := false
 	if ref := forkOf(spec.Annotations); ref != "" && r.Checkpoint == "" {
@@ -609,7 +609,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	rehome := s.rehomeEnabled(st, mode, guard)
 	move := frozen && rehome
 	key := st.Namespace + "/" + st.ID
-	if rehome && s.cfg.PatchDeltas && len(st.MovedFiles) > 0 {
+	if rehome && s.patchesDeltas(st) && len(st.MovedFiles) > 0 {
 		// It runs on its files: unless a consolidation is due, it stays
 		// there and its forks get its writes as patches (patched.go).
 		if prev, moveDue := patchedNext(key); !moveDue || !move {
