@@ -28,16 +28,17 @@ import (
 )
 
 const (
-	modeMove    = "move"     // default: the parent moves onto its snapshot's memory file; its writes are spread (worst case)
-	modeMoveRun = "move-run" // the same, the parent writing one run of consecutive pages between calls
-	modeOff     = "off"      // lazyfork.io/rehome=false: today's behaviour (spread writes)
+	modeMove     = "move"      // default: the parent moves onto its first snapshot's memory file, later ones are patched deltas; its writes are spread (worst case)
+	modeMoveRun  = "move-run"  // the same, the parent writing one run of consecutive pages between calls
+	modeMoveEach = "move-each" // lazyfork.io/rehome=each-snapshot: the parent moves at every snapshot (spread writes)
+	modeOff      = "off"       // lazyfork.io/rehome=false: no move (spread writes)
 
 	lazyforkRuntime = api.RuntimeName
 	pageSize        = 4096
 )
 
 // modes are the series each heap size runs.
-var modes = []string{modeMove, modeMoveRun, modeOff}
+var modes = []string{modeMove, modeMoveRun, modeMoveEach, modeOff}
 
 // writer is the parent: a python process holding HEAP_MIB MiB of non-zero
 // pages (a bytearray) that prints "tick N" ten times a second and, on SIGUSR2,
@@ -269,8 +270,11 @@ func (b *bench) firstSnapshot(ctx context.Context, heapMiB, i int) (time.Duratio
 func (b *bench) series(ctx context.Context, heapMiB int, mode string) error {
 	ctx = b.h.Context(ctx)
 	var ann map[string]string
-	if mode == modeOff {
+	switch mode {
+	case modeOff:
 		ann = map[string]string{api.AnnotationRehome: "false"}
+	case modeMoveEach:
+		ann = map[string]string{api.AnnotationRehome: api.RehomeEachSnapshot}
 	}
 	parent, err := b.start(ctx, b.id(fmt.Sprintf("%s%d", mode, heapMiB)), lazyforkRuntime, heapMiB, pattern(mode), ann)
 	var made []containerd.Container

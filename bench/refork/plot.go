@@ -25,6 +25,9 @@ func writePlot(path string, cfg config, r *results) error {
 		case modeMoveRun:
 			name = fmt.Sprintf("%d MiB, move (one run of pages)", heap)
 			c = color.RGBA{R: c.R/2 + 128, G: c.G/2 + 128, B: c.B/2 + 128, A: 255} // a lighter shade
+		case modeMoveEach:
+			name = fmt.Sprintf("%d MiB, move at each snapshot (spread writes)", heap)
+			c = color.RGBA{R: c.R / 2, G: c.G / 2, B: c.B / 2, A: 255} // a darker shade
 		case modeOff:
 			name = fmt.Sprintf("%d MiB, opt-out", heap)
 		}

@@ -214,6 +214,7 @@ func (r *results) targets(w io.Writer, cfg config) {
 	for _, mode := range []string{modeMove, modeMoveRun} {
 		r.targetsOf(w, cfg, mode)
 	}
+	r.patchedVsEach(w, cfg)
 	if len(r.failed) > 0 {
 		fmt.Fprintf(w, "\n%d fork calls failed to restore their fork (left out of the figures above; the parent ran on):\n", len(r.failed))
 		for _, f := range r.failed {
@@ -299,5 +300,25 @@ func (r *results) targetsOf(w io.Writer, cfg config, mode string) {
 		// family's tmpfs too: counted once.
 		check(fmt.Sprintf("parent + %d forks of 256 MiB <= 400 MB in all, %.0f s after", x.forks, x.after.Seconds()), x.dedup() <= 400e6,
 			fmt.Sprintf("%s MB (cgroups + tmpfs + shim PSS, the charged memory file counted once; %s MB counted twice)", mb(x.dedup()), mb(x.sum())))
+	}
+}
+
+// patchedVsEach sets the default (later snapshots patched deltas) beside a
+// move at every snapshot, both with spread writes, measured in this run.
+func (r *results) patchedVsEach(w io.Writer, cfg config) {
+	printed := false
+	for _, h := range r.heaps() {
+		a := later(r.series(h, modeMove), func(c call) time.Duration { return c.paused })
+		b := later(r.series(h, modeMoveEach), func(c call) time.Duration { return c.paused })
+		if len(a) == 0 || len(b) == 0 {
+			continue
+		}
+		if !printed {
+			fmt.Fprintf(w, "\npatched deltas (mode %s) beside a move at every snapshot (mode %s), calls 2-%d paused:\n", modeMove, modeMoveEach, cfg.calls)
+			printed = true
+		}
+		fmt.Fprintf(w, "  %d MiB: median %s vs %s ms (%.2fx), worst %s vs %s ms (%.2fx)\n", h,
+			ms(report.Median(a)), ms(report.Median(b)), report.Median(a).Seconds()/report.Median(b).Seconds(),
+			ms(report.Max(a)), ms(report.Max(b)), report.Max(a).Seconds()/report.Max(b).Seconds())
 	}
 }
