@@ -154,6 +154,19 @@
 // files are no longer referenced by it. SnapshotInfo.Parent names the newest
 // file a delta sits on.
 //
+// # Patched deltas
+//
+// With RewriteOptions.Patch (patch.go), for a parent that runs on its files
+// and is not moved again, a family mapping's pages become patches instead of
+// a delta: the VMA is split into its base file around patches, runs of its
+// written pages (joined across gaps under 4 pages) mapped from slots of the
+// new memory file, or, where PatchOptions.Previous (the previous snapshot's
+// Result.Patches) holds a patch whose bytes are exactly what the process
+// shows there, from that patch's file again. Its pages leave the image, so
+// no copy restores them privately; a snapshot with nothing new writes no
+// file. A patched rewrite never rebases. A reused file that was freed after
+// it was read fails the commit (ErrAborted: rewrite again without it).
+//
 // # Atomicity
 //
 // The memory file is written under a temporary name (.tmp-*, flocked by its

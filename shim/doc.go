@@ -61,6 +61,10 @@
 //	LAZYFORK_RESTORE_TIMEOUT  bound of one restore, and of one move's helper (default 2m)
 //	LAZYFORK_REHOME      "on" (default) or "off": move containers onto their memory
 //	                     files at checkpoint (lazyfork.io/rehome=false opts one out)
+//	LAZYFORK_PATCH_DELTAS  "on" (default) or "off": a container that moved stays on its
+//	                     files at its later snapshots, its writes patches of its forks,
+//	                     and moves again only to consolidate (patched.go); "off" moves it
+//	                     at every snapshot (lazyfork.io/rehome=each-snapshot for one)
 //	LAZYFORK_REHOME_STANDBY  how long a started move helper waits for the next move, so that
 //	                     its start-up (12-20 ms) is not in the pause: a duration (default 1m;
 //	                     at most one waits per shim) or "off"
