@@ -210,7 +210,8 @@ func TestRehome(t *testing.T) {
 		t.Errorf("parent at the end: %q, want %q", v, want)
 	}
 	// The later checkpoints left the parent on its files (patched deltas,
-	// on by default): no move, its writes patches of its forks.
+	// on by default), its writes patches of its forks, but for a move
+	// once it held 2 MiB of them twice (its writes come in few runs).
 	ckpts := strings.Split(grepLines(e.Log(), "checkpoint rewritten"), "\n")
 	patched := 0
 	for _, l := range ckpts {
@@ -218,11 +219,10 @@ func TestRehome(t *testing.T) {
 			patched++
 		}
 	}
-	if len(ckpts) != later+1 || patched != later || strings.Contains(ckpts[0], "patched=true") {
-		t.Errorf("%d of %d checkpoints were patched deltas, want all but the first:\n%s", patched, len(ckpts), strings.Join(ckpts, "\n"))
-	}
-	if moves := grepLines(e.Log(), "moved onto memory file"); strings.Count(moves, "\n") > 0 {
-		t.Errorf("the parent moved again after its first snapshot:\n%s", moves)
+	moves := strings.Split(grepLines(e.Log(), "moved onto memory file"), "\n")
+	if len(ckpts) != later+1 || patched < later/2 || patched+len(moves) != later+1 || strings.Contains(ckpts[0], "patched=true") {
+		t.Errorf("%d of %d checkpoints were patched deltas and %d moved, want the first moved and most others patched:\n%s",
+			patched, len(ckpts), len(moves), strings.Join(ckpts, "\n"))
 	}
 	holders, err := store.Holders(res.Family)
 	if err != nil {
@@ -981,8 +981,11 @@ func TestRehomePatchedDeltas(t *testing.T) {
 			t.Fatal(err)
 		}
 		grew := tmpfsBytes(t, e.Root) - before
-		// Kept, as a fork would keep its patches' files.
-		t.Cleanup(func() { lf.RemoveSnapshot(context.WithoutCancel(ctx), res.Snapshot) })
+		// Gone before the next call: the parent itself holds the patches
+		// its next snapshot maps again.
+		if err := lf.RemoveSnapshot(ctx, res.Snapshot); err != nil {
+			t.Fatal(err)
+		}
 		l := grepLines(e.Log()[from:], "checkpoint rewritten")
 		t.Logf("call %s: parent %d mappings, RssAnon %d kB; tmpfs +%d kB; %s", call, mapCount(t, pid), statusKB(t, pid, "RssAnon"), grew>>10, l)
 		if !strings.Contains(l, "patched=true") {
@@ -1007,6 +1010,21 @@ func TestRehomePatchedDeltas(t *testing.T) {
 	// It keeps its 256 written pages (1 MiB) and what the interpreter wrote.
 	if anon := statusKB(t, pid, "RssAnon"); anon < anonMoved+perCall*4 {
 		t.Errorf("call 2: the parent holds %d kB privately, %d kB after its move: its writes are gone", anon, anonMoved)
+	}
+	store, err := memfile.OpenStore(filepath.Join(e.Root, "mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders, err := store.Holders(parent.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := false
+	for h := range holders {
+		held = held || strings.HasPrefix(h, "patches:"+e.Namespace+"/"+parent.id+"/")
+	}
+	if !held {
+		t.Errorf("after a patched snapshot, the parent holds no reference on its patches: %v", holders)
 	}
 	// Nothing written since: the previous snapshot's patches, mapped again.
 	before := tmpfsBytes(t, e.Root)

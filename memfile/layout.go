@@ -22,6 +22,7 @@ type memFile struct {
 	regions []*region
 	moved   uint64 // pages moved out of the image
 	reused  uint64 // of those, pages a previous snapshot's patch holds (not written)
+	private uint64 // of those, the process's own: anonymous VMAs' and patched pages (not .data)
 	written int64  // bytes copied into the file
 }
 
@@ -136,6 +137,9 @@ func (l *layout) write(ctx context.Context) error {
 			for _, r := range p.overlay {
 				l.jobs = append(l.jobs, copyJob{doff: reg.off + int64(r.vaddr-p.e.GetStart()), src: r.f, soff: r.off, n: int64(r.n * pageSize)})
 				l.mf.moved += r.n
+				if p.kind != vmaFileData {
+					l.mf.private += r.n
+				}
 			}
 		}
 		// Children compare against these regions: write them now.

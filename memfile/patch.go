@@ -2,6 +2,7 @@ package memfile
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"os"
 	"slices"
@@ -79,15 +80,7 @@ func (d *dump) previous(pid uint32, start, end uint64) []Patch {
 			out = append(out, q)
 		}
 	}
-	slices.SortFunc(out, func(a, b Patch) int {
-		switch {
-		case a.Start < b.Start:
-			return -1
-		case a.Start > b.Start:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b Patch) int { return cmp.Compare(a.Start, b.Start) })
 	// Overlapping entries would be a corrupt list: keep the first.
 	kept := out[:0]
 	for _, q := range out {
@@ -115,6 +108,9 @@ func overlaps(runs []run, from, to uint64) bool {
 // queues the new patches' copies.
 func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
 	start, end := p.e.GetStart(), p.e.GetEnd()
+	for _, r := range p.overlay {
+		l.mf.private += r.n
+	}
 	var reused []piece
 	var a, b []byte
 	for _, q := range l.d.previous(t.pid, start, end) {
@@ -193,15 +189,7 @@ func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
 			}
 		}
 	}
-	slices.SortFunc(pieces, func(x, y piece) int {
-		switch {
-		case x.start < y.start:
-			return -1
-		case x.start > y.start:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(pieces, func(x, y piece) int { return cmp.Compare(x.start, y.start) })
 	// The base around them.
 	var all []piece
 	from := start
@@ -250,15 +238,7 @@ func joinClosest(spans [][2]uint64, reused []piece, limit int) [][2]uint64 {
 		}
 		gaps = append(gaps, gap{k, to - from})
 	}
-	slices.SortStableFunc(gaps, func(a, b gap) int {
-		switch {
-		case a.size < b.size:
-			return -1
-		case a.size > b.size:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(gaps, func(a, b gap) int { return cmp.Compare(a.size, b.size) })
 	joined := make([]bool, len(spans))
 	for _, g := range gaps[:min(len(gaps), len(spans)-limit)] {
 		joined[g.k] = true // spans[k] runs on into spans[k+1]

@@ -64,12 +64,15 @@ type RewriteOptions struct {
 
 // Result describes a rewrite.
 type Result struct {
-	Files        []string // family files the snapshot maps (base names)
-	PagesMoved   uint64   // pages moved from the image into a memory file (new, or a previous patch)
-	PagesReused  uint64   // of PagesMoved, pages a previous snapshot's patch holds
-	PagesKept    uint64   // pages left in the image
-	BytesWritten int64    // bytes written into the new memory file
-	PagesWiped   uint64   // pages dropped from wipe-on-fork VMAs (RewriteOptions.WipeOnFork)
+	Files       []string // family files the snapshot maps (base names)
+	PagesMoved  uint64   // pages moved from the image into a memory file (new, or a previous patch)
+	PagesReused uint64   // of PagesMoved, pages a previous snapshot's patch holds
+	// PagesPrivate, of PagesMoved, are the processes' own memory: their
+	// anonymous VMAs' and patched pages, not their programs' .data.
+	PagesPrivate uint64
+	PagesKept    uint64 // pages left in the image
+	BytesWritten int64  // bytes written into the new memory file
+	PagesWiped   uint64 // pages dropped from wipe-on-fork VMAs (RewriteOptions.WipeOnFork)
 	Rebased      bool
 	Duration     time.Duration
 	// NewFile is the memory file the rewrite wrote ("" if it wrote none).
@@ -157,7 +160,7 @@ func (s *Store) Rewrite(ctx context.Context, imageDir string, opts RewriteOption
 	res := &Result{
 		Files: st.info.Files, PagesMoved: mf.moved, PagesKept: st.info.KeptPages, PagesWiped: pl.wiped,
 		BytesWritten: mf.written, Rebased: pl.rebase, Duration: time.Since(start),
-		Premapped: st.premapped, NewFile: mf.name(), PagesReused: mf.reused, Patches: st.info.Patches,
+		Premapped: st.premapped, NewFile: mf.name(), PagesReused: mf.reused, PagesPrivate: mf.private, Patches: st.info.Patches,
 	}
 	log.G(ctx).WithField("image", imageDir).WithField("family", opts.Family).
 		WithField("moved", res.PagesMoved).WithField("kept", res.PagesKept).

@@ -155,19 +155,20 @@ func (c Config) MemRoot() string { return api.Root(c.Root).Mem() }
 func ConfigFromEnv() (Config, error) {
 	c := Config{Root: api.DefaultRoot, Overcommit: "2", CRIUVerbosity: "1", Madvise: "refuse",
 		ArchiveDirs: []string{DefaultArchiveDir}, RestoreTimeout: DefaultRestoreTimeout, Rehome: true, RehomeStandby: DefaultRehomeStandby, PreCopy: true, PreCopyMin: DefaultPreCopyMin, PatchDeltas: true}
-	switch v := os.Getenv("LAZYFORK_REHOME"); v {
-	case "", "on", "true", "1":
-	case "off", "false", "0":
-		c.Rehome = false
-	default:
-		return c, fmt.Errorf("LAZYFORK_REHOME %q: want on or off: %w", v, errdefs.ErrInvalidArgument)
-	}
-	switch v := os.Getenv("LAZYFORK_PATCH_DELTAS"); v {
-	case "", "on", "true", "1":
-	case "off", "false", "0":
-		c.PatchDeltas = false
-	default:
-		return c, fmt.Errorf("LAZYFORK_PATCH_DELTAS %q: want on (later snapshots leave a container on its files and patch its forks) or off (every snapshot moves it): %w", v, errdefs.ErrInvalidArgument)
+	for _, sw := range []struct {
+		name, want string
+		on         *bool
+	}{
+		{"LAZYFORK_REHOME", "on or off", &c.Rehome},
+		{"LAZYFORK_PATCH_DELTAS", "on (later snapshots leave a container on its files and patch its forks) or off (every snapshot moves it)", &c.PatchDeltas},
+	} {
+		switch v := os.Getenv(sw.name); v {
+		case "", "on", "true", "1":
+		case "off", "false", "0":
+			*sw.on = false
+		default:
+			return c, fmt.Errorf("%s %q: want %s: %w", sw.name, v, sw.want, errdefs.ErrInvalidArgument)
+		}
 	}
 	switch v := os.Getenv("LAZYFORK_PRECOPY"); v {
 	case "", "on", "true", "1":

@@ -1,6 +1,12 @@
 package shim
 
 import (
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/memfile"
 )
@@ -26,8 +32,15 @@ import (
 // from their files while it runs) and the next checkpoint moves it onto
 // that copy, its written pages on top: one mapping, nothing held twice.
 // Where no consolidation can be prepared (cgroup v2), it moves plainly
-// (patches in the container itself) at twice those bounds.
-const consolidateBytes = 64 << 20
+// (patches in the container itself) at twice those bounds. And a container
+// whose writes come in runs (few patches) moves plainly once it holds
+// movePlainBytes twice: its move maps a few patches (as cheap in its pause
+// as a patched snapshot, measured), frees what it held twice, and keeps its
+// and its forks' mappings few.
+const (
+	consolidateBytes = 32 << 20
+	movePlainBytes   = 2 << 20
+)
 
 // patchesDeltas reports whether a container's later snapshots are patched
 // deltas: the shim setting, unless its lazyfork.io/rehome annotation asks
@@ -50,7 +63,14 @@ func patchedNext(key string) (prev []memfile.Patch, moveDue bool) {
 	if n == nil || !n.patched {
 		return nil, false
 	}
-	return n.prev, n.patches >= 2*consolidateAfter || n.private >= 2*consolidateBytes
+	return n.prev, n.plainMoveDue()
+}
+
+// plainMoveDue: a patched container's next snapshot moves it, without a
+// consolidation (see above).
+func (n *moveNote) plainMoveDue() bool {
+	return n.patches < consolidateAbove && n.private >= movePlainBytes ||
+		n.patches >= 2*consolidateAfter || n.private >= 2*consolidateBytes
 }
 
 // notePatched records a patched snapshot of a container: its patches for
@@ -66,5 +86,54 @@ func notePatched(key string, pid int, res *memfile.Result) {
 	n.pid, n.patched, n.moved = pid, true, true
 	n.prev = res.Patches
 	n.patches = len(res.Patches)
-	n.private = int64(res.PagesMoved) * 4096
+	n.private = int64(res.PagesPrivate) * 4096
+}
+
+// The container holds its last patched snapshot's patch files itself
+// (patchesHolder), so that its next snapshot can map them again even when
+// that snapshot and its forks are gone by then (a caller that forks, uses
+// and drops each fork): without it, each snapshot would write every page
+// written since the last move again. They are what it wrote since then, a
+// second copy bounded by the consolidation's bounds; a move (it no longer
+// needs them) and the container's release drop the reference.
+
+// patchesHolder is the reference a container holds on the patch files of its
+// last patched snapshot, whose new file was file.
+func patchesHolder(ns, id, file string) string { return "patches:" + ns + "/" + id + "/" + file }
+
+// holdPatches makes the container hold the files of a patched snapshot's
+// patches, and no others.
+func holdPatches(store *memfile.Store, st *containerState, res *memfile.Result) error {
+	var files []string
+	for _, p := range res.Patches {
+		if !slices.Contains(files, p.File) {
+			files = append(files, p.File)
+		}
+	}
+	keep := ""
+	if len(files) > 0 {
+		keep = patchesHolder(st.Namespace, st.ID, slices.Max(files))
+		if err := store.Ref(st.Family, keep, files); err != nil {
+			return err
+		}
+	}
+	return dropPatchHolders(store, st, keep)
+}
+
+// dropPatchHolders drops the container's references on patch files, except
+// holder keep.
+func dropPatchHolders(store *memfile.Store, st *containerState, keep string) error {
+	holders, err := store.Holders(st.Family)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for h := range holders {
+		if h != keep && strings.HasPrefix(h, patchesHolder(st.Namespace, st.ID, "")) {
+			if err := store.Unref(st.Family, h); err != nil && !errdefs.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

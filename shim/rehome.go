@@ -252,7 +252,8 @@ func (s *Service) freeReplaced(ctx context.Context, st *containerState, replaced
 // ownsHolder reports whether a holder of the family's files is the
 // container itself: its restore, or a file its processes were moved onto.
 func (st *containerState) ownsHolder(h string) bool {
-	return h == containerHolder(st.Namespace, st.ID) || strings.HasPrefix(h, movedHolder(st.Namespace, st.ID, ""))
+	return h == containerHolder(st.Namespace, st.ID) || strings.HasPrefix(h, movedHolder(st.Namespace, st.ID, "")) ||
+		strings.HasPrefix(h, patchesHolder(st.Namespace, st.ID, ""))
 }
 
 // movedHolder is the reference a container holds on a file its own processes

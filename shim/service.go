@@ -398,6 +398,9 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 			return fmt.Errorf("unref %s in family %s: %w", h, st.Family, err)
 		}
 	}
+	if err := dropPatchHolders(store, st, ""); err != nil {
+		return fmt.Errorf("unref patches in family %s: %w", st.Family, err)
+	}
 	st.Holder, st.MovedFiles = "", nil
 	dropFamilyRecord(cfg, st.Family)
 	return nil
@@ -788,6 +791,14 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	}
 	if ropts.Patch != nil && !opts.GetExit() {
 		notePatched(key, int(ts.Pid), res)
+		if err := holdPatches(store, st, res); err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: hold the patches of a snapshot for the next one")
+		}
+	} else if move {
+		// Moved: its writes are in its own mappings now.
+		if err := dropPatchHolders(store, st, ""); err != nil {
+			log.G(ctx).WithError(err).Warn("lazyfork: drop the patches a moved container held")
+		}
 	}
 	if move && !opts.GetExit() {
 		// Its next snapshot's helper waits, started now (standbyHelper).
