@@ -1072,3 +1072,74 @@ func TestRehomePatchedDeltas(t *testing.T) {
 		}
 	}
 }
+
+// TestRehomePatchedAtMemoryLimit: a patched snapshot's patches are written
+// from the container's memory cgroup, so its tmpfs pages are charged to the
+// container (its shmem grows by them) and its limit bounds them: with room,
+// the fork is made; with less than twice the patches' size left under its
+// limit, the fork fails naming the limit, the parent runs on unharmed and no
+// snapshot is left.
+func TestRehomePatchedAtMemoryLimit(t *testing.T) {
+	e, ctx, img := startLFPython(t)
+	lf := e.lfClient()
+	const perCall = 256
+	parent := e.startCounter(t, ctx, img, "patchlimit-"+lfRandom(3), 64, "--writes-per-signal", strconv.Itoa(perCall))
+	ctr, err := e.Client().LoadContainer(ctx, parent.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limitFile := memoryCgroupFile(t, ctx, ctr, "memory.limit_in_bytes", "memory.max")
+	if cgroups.Mode() == cgroups.Unified {
+		t.Skip("cgroup v2: patches are written by the shim (charged to it), as documented")
+	}
+	fork := func() error {
+		t.Helper()
+		res, err := lf.Fork(ctx, parent.id, 1, e.logIO())
+		if err == nil {
+			checkContinues(t, ctx, parent, e.forks(res)[0])
+		}
+		return err
+	}
+	if err := fork(); err != nil { // the parent moves onto its memory file
+		t.Fatal(err)
+	}
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	usage := memoryUsage(t, ctx, ctr)
+	if err := os.WriteFile(limitFile, []byte(strconv.FormatUint(usage+64<<20, 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	shmem := shmemOf(t, ctx, ctr)
+	from := len(e.Log())
+	if err := fork(); err != nil {
+		t.Fatalf("patched fork with 64 MiB of room: %v", err)
+	}
+	if l := grepLines(e.Log()[from:], "checkpoint rewritten"); !strings.Contains(l, "patched=true") {
+		t.Fatalf("the second fork was not a patched delta: %s", l)
+	}
+	grew := int64(shmemOf(t, ctx, ctr)) - int64(shmem)
+	t.Logf("patched fork: the parent's cgroup shmem grew by %d kB", grew>>10)
+	if grew < perCall*4<<10 {
+		t.Errorf("the parent's cgroup shmem grew by %d kB for %d pages written spread: its patches were charged elsewhere", grew>>10, perCall)
+	}
+
+	// No room: refused, the parent runs on.
+	snapshots := e.snapshotsLeft(t)
+	parent.signal(t, ctx, syscall.SIGUSR2, "wrote ")
+	usage = memoryUsage(t, ctx, ctr)
+	if err := os.WriteFile(limitFile, []byte(strconv.FormatUint(usage+1<<20, 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fork(); err == nil || !strings.Contains(err.Error(), "memory limit") {
+		t.Fatalf("patched fork at the memory limit: %v, want a clear error naming the limit", err)
+	}
+	if st, err := parent.task.Status(ctx); err != nil || st.Status != containerd.Running {
+		t.Fatalf("parent after the refused snapshot: %v %v", st.Status, err)
+	}
+	parent.waitLine(t, ctx, len(parent.lines(t)), "tick ")
+	if v, want := parent.signal(t, ctx, syscall.SIGUSR1, "verify "), fmt.Sprintf("verify ok pages=%d writes=%d", 64<<20/4096, 2*perCall); v != want {
+		t.Errorf("parent after the refused snapshot: %q, want %q", v, want)
+	}
+	if left := e.snapshotsLeft(t); !slices.Equal(left, snapshots) {
+		t.Errorf("snapshots after the refused call: %q, before it: %q", left, snapshots)
+	}
+}

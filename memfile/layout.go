@@ -50,6 +50,9 @@ type layout struct {
 	mem   *os.File // mf.file's descriptor
 	cp    *copier
 	jobs  []copyJob // pages waiting to be copied into the memory file
+	// patchCopies are the new patches' bytes (patch.go), copied last,
+	// maybe by PatchOptions.Copy.
+	patchCopies []copyJob
 }
 
 // writeMemory writes the new memory file (phase 3): for each task, parents
@@ -146,6 +149,9 @@ func (l *layout) write(ctx context.Context) error {
 		if err := l.flush(); err != nil {
 			return err
 		}
+	}
+	if err := l.copyPatches(ctx); err != nil {
+		return err
 	}
 	if err := d.fc.recheck(); err != nil {
 		return err

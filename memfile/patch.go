@@ -3,6 +3,7 @@ package memfile
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -50,6 +51,21 @@ type PatchOptions struct {
 	// it again. A file that is gone is skipped; equality is checked byte by
 	// byte, so a stale list costs only the comparison.
 	Previous []Patch
+	// Copy, if set, writes the new patches' bytes into the new memory file
+	// (dst, its path while it is written) instead of the rewrite: a
+	// caller's helper in the memory cgroup of the processes whose writes
+	// they are, so that the file is charged there. An error wrapping
+	// errdefs.ErrNotImplemented has the rewrite copy them itself; any
+	// other fails the rewrite.
+	Copy func(ctx context.Context, dst string, copies []CopyRange) error
+}
+
+// CopyRange is Len bytes of file Src at SrcOff, for DstOff of the new
+// memory file.
+type CopyRange struct {
+	Src            string
+	SrcOff, DstOff int64
+	Len            int64
 }
 
 type pieceKind int
@@ -175,18 +191,14 @@ func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
 				continue
 			}
 			if r.vaddr > from {
-				if err := l.cp.copyData(l.mem, reg.off+int64(from-s[0]), p.base, p.baseOff+int64(from-start), int64(r.vaddr-from)); err != nil {
-					return err
-				}
+				l.patchCopy(reg.off+int64(from-s[0]), p.base, p.baseOff+int64(from-start), int64(r.vaddr-from))
 			}
-			l.jobs = append(l.jobs, copyJob{doff: reg.off + int64(r.vaddr-s[0]), src: r.f, soff: r.off, n: int64(r.n * pageSize)})
+			l.patchCopy(reg.off+int64(r.vaddr-s[0]), r.f, r.off, int64(r.n*pageSize))
 			l.mf.moved += r.n
 			from = r.end()
 		}
 		if s[1] > from {
-			if err := l.cp.copyData(l.mem, reg.off+int64(from-s[0]), p.base, p.baseOff+int64(from-start), int64(s[1]-from)); err != nil {
-				return err
-			}
+			l.patchCopy(reg.off+int64(from-s[0]), p.base, p.baseOff+int64(from-start), int64(s[1]-from))
 		}
 	}
 	slices.SortFunc(pieces, func(x, y piece) int { return cmp.Compare(x.start, y.start) })
@@ -210,6 +222,50 @@ func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
 				l.mf.reused += s.n
 				l.mf.moved += s.n
 			}
+		}
+	}
+	return nil
+}
+
+// patchCopy queues n bytes of src at soff for doff of the new memory file.
+func (l *layout) patchCopy(doff int64, src *os.File, soff, n int64) {
+	if k := len(l.patchCopies); k > 0 {
+		c := &l.patchCopies[k-1]
+		if c.src == src && c.soff+c.n == soff && c.doff+c.n == doff {
+			c.n += n
+			return
+		}
+	}
+	l.patchCopies = append(l.patchCopies, copyJob{doff: doff, src: src, soff: soff, n: n})
+}
+
+// copyPatches writes the queued patch copies: through PatchOptions.Copy if
+// set (and able), else as the rest of the file.
+func (l *layout) copyPatches(ctx context.Context) error {
+	copies := l.patchCopies
+	l.patchCopies = nil
+	if len(copies) == 0 {
+		return nil
+	}
+	if cp := l.d.opts.Patch.Copy; cp != nil {
+		rs := make([]CopyRange, len(copies))
+		for i, c := range copies {
+			rs[i] = CopyRange{Src: c.src.Name(), SrcOff: c.soff, DstOff: c.doff, Len: c.n}
+		}
+		err := cp(ctx, l.mf.file.path, rs)
+		if err == nil {
+			for _, c := range copies {
+				l.mf.written += c.n
+			}
+			return nil
+		}
+		if !errdefs.IsNotImplemented(err) {
+			return fmt.Errorf("copy patches: %w", err)
+		}
+	}
+	for _, c := range copies {
+		if err := l.cp.copy(l.mem, c.doff, c.src, c.soff, c.n); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -1,14 +1,19 @@
 package shim
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/cgroupmem"
+	"github.com/lazyfork/lazyfork/internal/procfs"
 	"github.com/lazyfork/lazyfork/memfile"
+	"github.com/lazyfork/lazyfork/memfile/rehome/movehelper"
 )
 
 // Patched deltas (Config.PatchDeltas): once a container has moved onto its
@@ -136,4 +141,46 @@ func dropPatchHolders(store *memfile.Store, st *containerState, keep string) err
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// copyPatchesCharged returns the PatchOptions.Copy of a container's patched
+// snapshot: its patches are written by a helper in its memory cgroup, as a
+// move's file is, so that they are charged to it and its limit bounds them;
+// chargedTo gets that cgroup. Patches that would leave it less than half its
+// headroom fail the snapshot (it keeps running; its limit is clear in the
+// error). On cgroup v2 (its memory cgroup is the one a helper would have to
+// join beside its processes) the rewrite copies them itself, charged to the
+// shim.
+func (s *Service) copyPatchesCharged(pid int, chargedTo *string) func(context.Context, string, []memfile.CopyRange) error {
+	return func(ctx context.Context, dst string, copies []memfile.CopyRange) error {
+		freezer, err := freezerCgroup(pid)
+		if err != nil {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrNotImplemented)
+		}
+		if mem, err := memoryCgroupDir(pid); err != nil || mem == freezer {
+			return fmt.Errorf("cgroup v2: %w", errdefs.ErrNotImplemented)
+		}
+		var bytes int64
+		req := movehelper.Request{HostFile: dst}
+		for _, c := range copies {
+			bytes += c.Len
+			req.Copies = append(req.Copies, movehelper.CopyRange{Src: c.Src, SrcOff: c.SrcOff, DstOff: c.DstOff, Len: c.Len})
+		}
+		if path, _, err := procfs.Cgroup(pid, "memory"); err == nil {
+			if limit, usage, ok, err := cgroupmem.Limit(path); err == nil && ok && bytes > (limit-usage)/2 {
+				return fmt.Errorf("the container's %d KiB of patches (what it wrote since its last move) need more than half of its %d KiB of headroom under its memory limit of %d MiB: raise the limit, or set %s=%s: %w",
+					bytes>>10, max(limit-usage, 0)>>10, limit>>20, api.AnnotationRehome, api.RehomeEachSnapshot, errdefs.ErrResourceExhausted)
+			}
+		}
+		var run helperRun
+		reply, err := s.runRehomeHelper(ctx, pid, &req, nil, nil, &run)
+		if err == nil && reply.Err != "" {
+			err = errors.New(reply.Err)
+		}
+		if err != nil {
+			return err
+		}
+		*chargedTo = req.ChargedTo
+		return nil
+	}
 }

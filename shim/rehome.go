@@ -372,7 +372,7 @@ func (h *helperProc) stop() {
 func (s *Service) runRehomeHelper(ctx context.Context, initPID int, req *movehelper.Request, hop *preparedHop, h *helperProc, run *helperRun) (*movehelper.Reply, error) {
 	if h != nil {
 		h = h.alive()
-	} else if !req.Prepare {
+	} else if !req.Prepare && len(req.Copies) == 0 {
 		h = takeStandbyHelper()
 	}
 	if h == nil {

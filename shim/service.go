@@ -610,13 +610,14 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		return nil, errgrpc.ToGRPC(err)
 	}
 	rehome := s.rehomeEnabled(st, mode, guard)
+	patchesCharged := "" // where a patched snapshot's new file is charged (copyPatchesCharged)
 	move := frozen && rehome
 	key := st.Namespace + "/" + st.ID
 	if rehome && s.patchesDeltas(st) && len(st.MovedFiles) > 0 {
 		// It runs on its files: unless a consolidation is due, it stays
 		// there and its forks get its writes as patches (patched.go).
 		if prev, moveDue := patchedNext(key); !moveDue || !move {
-			ropts.Patch = &memfile.PatchOptions{Previous: prev}
+			ropts.Patch = &memfile.PatchOptions{Previous: prev, Copy: s.copyPatchesCharged(int(ts.Pid), &patchesCharged)}
 			move = false
 		}
 	}
@@ -775,7 +776,7 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	res, err := store.Rewrite(ctx, r.Path, ropts)
 	if errdefs.IsAborted(err) && ropts.Patch != nil && len(ropts.Patch.Previous) > 0 {
 		// A previous patch's file was freed meanwhile: patch anew.
-		ropts.Patch = &memfile.PatchOptions{}
+		ropts.Patch = &memfile.PatchOptions{Copy: ropts.Patch.Copy}
 		res, err = store.Rewrite(ctx, r.Path, ropts)
 	}
 	if err != nil {
@@ -785,7 +786,14 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 		log.G(ctx).WithError(err).Warn("lazyfork: record family")
 	}
 	if res.NewFile != "" {
-		if err := store.SetCharge(st.Family, res.NewFile, selfMemoryCgroup()); err != nil {
+		chargedTo := selfMemoryCgroup()
+		if patchesCharged != "" {
+			// Its patches, written from its memory cgroup (new anonymous
+			// mappings and .data the rewrite converted beside them are
+			// the shim's).
+			chargedTo = patchesCharged
+		}
+		if err := store.SetCharge(st.Family, res.NewFile, chargedTo); err != nil {
 			log.G(ctx).WithError(err).Warn("lazyfork: record where a memory file is charged")
 		}
 	}

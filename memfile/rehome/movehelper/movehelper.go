@@ -71,9 +71,22 @@ type Request struct {
 	// PreCopied, with a move: HostFile may hold a precopy. A helper that
 	// did not make it (another took its place) empties the file first.
 	PreCopied bool `json:"preCopied,omitempty"`
+	// Copies asks for byte copies instead of a move: each range of a file
+	// into HostFile, written from the container's memory cgroup (a patched
+	// snapshot's patches: memfile.PatchOptions.Copy). Nothing is seized.
+	Copies []CopyRange `json:"copies,omitempty"`
 	// ChargedTo is the memory cgroup the helper writes the file from (the
 	// container's, unless it could not join it): not sent, for the record.
 	ChargedTo string `json:"-"`
+}
+
+// CopyRange is Len bytes of file Src at SrcOff, to go to DstOff of the
+// request's HostFile.
+type CopyRange struct {
+	Src    string `json:"src"`
+	SrcOff int64  `json:"srcOff"`
+	DstOff int64  `json:"dstOff"`
+	Len    int64  `json:"len"`
 }
 
 // Hop is the second step of a consolidation: the prepared file and its
@@ -166,9 +179,12 @@ func Run(stdin io.Reader, stdout io.Writer) error {
 	// memory cgroup.
 	joined := sync.OnceFunc(func() { io.Copy(io.Discard, io.MultiReader(dec.Buffered(), stdin)) })
 	var reply Reply
-	if req.Prepare {
+	switch {
+	case len(req.Copies) > 0:
+		reply = copyRanges(&req, joined)
+	case req.Prepare:
 		reply = prepare(&req, joined)
-	} else {
+	default:
 		reply = moveAll(&req, joined, pre)
 		pre = nil
 	}
@@ -568,4 +584,43 @@ func slotsUsed(vmas []rehome.VMA) int {
 		n = max(n, v.Slot+1)
 	}
 	return n
+}
+
+// copyRanges copies req.Copies into req.HostFile once the helper is in the
+// container's memory cgroup (Request.Copies).
+func copyRanges(req *Request, joined func()) (reply Reply) {
+	dst, err := os.OpenFile(req.HostFile, os.O_WRONLY, 0)
+	if err != nil {
+		reply.Err = err.Error()
+		return reply
+	}
+	defer dst.Close()
+	srcs := map[string]*os.File{}
+	defer func() {
+		for _, f := range srcs {
+			f.Close()
+		}
+	}()
+	joined() // what it writes is charged to the container
+	for _, c := range req.Copies {
+		src := srcs[c.Src]
+		if src == nil {
+			if src, err = os.Open(c.Src); err != nil {
+				reply.Err = err.Error()
+				return reply
+			}
+			srcs[c.Src] = src
+		}
+		in, out := c.SrcOff, c.DstOff
+		for n := c.Len; n > 0; {
+			w, err := unix.CopyFileRange(int(src.Fd()), &in, int(dst.Fd()), &out, int(n), 0)
+			if err != nil || w == 0 {
+				reply.Err = fmt.Sprintf("copy %s at %d into %s at %d: %v (copied %d of %d)", c.Src, in, req.HostFile, out, err, c.Len-n, c.Len)
+				return reply
+			}
+			n -= int64(w)
+			reply.Bytes += int64(w)
+		}
+	}
+	return reply
 }
