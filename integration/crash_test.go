@@ -71,8 +71,8 @@ func (e *cliEnv) state(t *testing.T) stackState {
 		if strings.HasPrefix(rel, "locks/") { // empty lock files, one per parent
 			return nil
 		}
-		// Memory files existing containers hold (a parent's own: each
-		// checkpoint moves what it wrote since onto a new one), with their
+		// Memory files existing containers hold (a parent's own: the file
+		// it moved onto, the patches of what it wrote since), with their
 		// view links, charge records and references: their state, freed
 		// with them, not a leftover of the fork call.
 		if held[filepath.Base(p)] || e.containerRef(p, s.containers) {
@@ -122,9 +122,10 @@ func (e *cliEnv) heldFiles(t *testing.T, containers []string) map[string]bool {
 }
 
 // containerOfHolder is the container id of a container's holder
-// ("container:NS/ID" or "moved:NS/ID/FILE") in namespace ns, "" otherwise.
+// ("container:NS/ID", "moved:NS/ID/FILE" or the patches its next snapshot
+// reuses, "patches:NS/ID/FILE") in namespace ns, "" otherwise.
 func containerOfHolder(h, ns string) string {
-	for _, p := range []string{"container:" + ns + "/", "moved:" + ns + "/"} {
+	for _, p := range []string{"container:" + ns + "/", "moved:" + ns + "/", "patches:" + ns + "/"} {
 		if rest, ok := strings.CutPrefix(h, p); ok {
 			id, _, _ := strings.Cut(rest, "/")
 			return id

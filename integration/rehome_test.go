@@ -500,8 +500,13 @@ func forkPastFailedMove(t *testing.T, env []string, calls int, logged string) *l
 // does not keep two copies of every page it wrote. Freed only where nothing
 // can read them: the files an older fork holds keep every page, and the
 // parent, the older forks and a fork made afterwards verify their whole heap.
+//
+// The stack runs with LAZYFORK_PATCH_DELTAS=off: with patched deltas the
+// parent moves only to consolidate, and holds its last snapshot's patches
+// (what it wrote since its last move) for its next one, which
+// TestRehomePatchedDeltas checks.
 func TestRehomeFreesReplacedPages(t *testing.T) {
-	e, ctx, img := startLFPython(t)
+	e, ctx, img := startLFPython(t, "LAZYFORK_PATCH_DELTAS=off") // a move at every snapshot
 	lf := e.lfClient()
 	parent := e.startCounter(t, ctx, img, "punch-"+lfRandom(3), 64)
 	// What a call leaves is measured as the memory files' pages that no
