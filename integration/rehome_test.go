@@ -537,6 +537,19 @@ func TestRehomeFreesReplacedPages(t *testing.T) {
 		if err := lf.RemoveSnapshot(ctx, res.Snapshot); err != nil {
 			t.Fatal(err)
 		}
+		// Gone means its reference too: a fork's shim releases it as it
+		// exits, which containerd's cleanup of that shim may finish after
+		// Delete returns; the next call frees only what nothing holds.
+		store, err := memfile.OpenStore(filepath.Join(e.Root, "mem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fork := "container:" + e.Namespace + "/" + res.Forks[0].Container.ID()
+		waitFor(t, "the dropped fork's reference on its files gone", 30*time.Second, func() bool {
+			hs, err := store.Holders(res.Family)
+			_, held := hs[fork]
+			return err == nil && !held
+		})
 		g := unmapped() - before
 		t.Logf("%s: unmapped pages %+d kB, tmpfs %+d kB", call, g>>10, (tmpfsBytes(t, e.Root)-tmpfsBefore)>>10)
 		return g
