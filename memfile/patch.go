@@ -124,9 +124,11 @@ func overlaps(runs []run, from, to uint64) bool {
 // queues the new patches' copies.
 func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
 	start, end := p.e.GetStart(), p.e.GetEnd()
+	var written, fresh uint64 // its written pages; of them, those in new patches
 	for _, r := range p.overlay {
-		l.mf.private += r.n
+		written += r.n
 	}
+	l.mf.private += written
 	var reused []piece
 	var a, b []byte
 	for _, q := range l.d.previous(t.pid, start, end) {
@@ -194,7 +196,7 @@ func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
 				l.patchCopy(reg.off+int64(from-s[0]), p.base, p.baseOff+int64(from-start), int64(r.vaddr-from))
 			}
 			l.patchCopy(reg.off+int64(r.vaddr-s[0]), r.f, r.off, int64(r.n*pageSize))
-			l.mf.moved += r.n
+			fresh += r.n
 			from = r.end()
 		}
 		if s[1] > from {
@@ -216,14 +218,9 @@ func (l *layout) patch(t *task, p *vmaPlan, regBase uint32) error {
 		all = append(all, piece{start: from, end: end, kind: pieceBase})
 	}
 	p.pieces = all
-	for _, r := range p.overlay {
-		for _, pc := range reused {
-			if s := r.slice(pc.start, pc.end); s.n > 0 {
-				l.mf.reused += s.n
-				l.mf.moved += s.n
-			}
-		}
-	}
+	// Every written page is in a new patch or a reused one.
+	l.mf.moved += written
+	l.mf.reused += written - fresh
 	return nil
 }
 
