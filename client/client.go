@@ -37,6 +37,9 @@ type Client struct {
 	restoreTimeout time.Duration
 	// groupSize is how many forks of one call share a shim process.
 	groupSize int
+	// noShimJoin starts every fork's shim through the shim binary
+	// (WithShimJoin(false)).
+	noShimJoin bool
 }
 
 // Opt configures a Client.
@@ -76,6 +79,12 @@ func WithRestoreTimeout(d time.Duration) Opt { return func(c *Client) { c.restor
 // WithShimGroupSize sets how many forks of one call share a shim process
 // (default DefaultShimGroupSize): a shim that dies takes only its group.
 func WithShimGroupSize(n int) Opt { return func(c *Client) { c.groupSize = n } }
+
+// WithShimJoin(false) has containerd run the shim binary for every fork's
+// task, as for any container, instead of joining a shim group's forks to the
+// shim its first fork started (shimjoin.go; the default, where containerd
+// has a sandbox store).
+func WithShimJoin(on bool) Opt { return func(c *Client) { c.noShimJoin = !on } }
 
 // DefaultRestoreTimeout bounds a fork's restore unless WithRestoreTimeout.
 const DefaultRestoreTimeout = 2 * time.Minute

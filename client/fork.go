@@ -58,6 +58,7 @@ type forkConfig struct {
 	maxForks       int
 	restoreTimeout time.Duration
 	groupSize      int
+	shimJoin       bool // a group's forks join its leader's shim (shimjoin.go)
 	trace          func(id string, step ForkStep, at time.Time)
 	parallel       int
 	// forks is how many forks the call restores from its snapshot (set by
@@ -158,7 +159,7 @@ func (c *Client) Fork(ctx context.Context, parentID string, n int, opts ...ForkO
 }
 
 func (c *Client) forkConfig(opts []ForkOpt) forkConfig {
-	cfg := forkConfig{maxForks: c.maxForks, restoreTimeout: c.restoreTimeout, groupSize: c.groupSize}
+	cfg := forkConfig{maxForks: c.maxForks, restoreTimeout: c.restoreTimeout, groupSize: c.groupSize, shimJoin: !c.noShimJoin}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -525,6 +526,9 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 		}
 		return nil, time.Since(start), fmt.Errorf("parent spec: %w", err)
 	}
+	groupSize := max(cfg.groupSize, 1)
+	joins := c.shimJoins(ids, groupSize, info.Runtime.Name, spec.Annotations, cfg)
+	defer c.closeGroupSandboxes(ctx, joins)
 	var first sync.Once
 	var wg sync.WaitGroup
 	parallel := cfg.parallel
@@ -540,6 +544,23 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			join := forkJoin{}
+			if j := joins[i/groupSize]; j != nil {
+				if ids[i] == j.leader {
+					j.open(ctx, c, info.Runtime.Name)
+					join.created = func() { j.release(true) }
+					defer j.release(false) // a leader that failed lets its group go (to fail)
+				} else {
+					// Before a slot: the leader must get one.
+					select {
+					case <-j.ready:
+					case <-ctx.Done():
+						errs[i] = fmt.Errorf("fork %s: %w", ids[i], ctx.Err())
+						return
+					}
+					join.sandbox = j.sandbox
+				}
+			}
 			select {
 			case slots <- struct{}{}:
 			case <-ctx.Done():
@@ -556,8 +577,8 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 				}
 			}()
 			cfg.step(ids[i], StepQueued)
-			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/max(cfg.groupSize, 1))
-			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, specJSON, family, group, imageDir, base, cfg)
+			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/groupSize)
+			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, specJSON, family, group, imageDir, base, join, cfg)
 			if errs[i] == nil {
 				first.Do(func() { errs[i] = failpoint(ctx, FailAfterFirstFork) })
 			}
@@ -750,7 +771,7 @@ func (c *Client) snapshot(ctx context.Context, o *op, parent containerd.Containe
 // restoreFork makes fork id: its rootfs (a fresh upper on base, see
 // forkBase), its container, its restored task.
 func (c *Client) restoreFork(ctx context.Context, id, parentID string, info containers.Container, specJSON []byte,
-	family, group, imageDir, base string, cfg *forkConfig) (f Fork, retErr error) {
+	family, group, imageDir, base string, join forkJoin, cfg *forkConfig) (f Fork, retErr error) {
 	sn := c.cd.SnapshotService(info.Snapshotter)
 	key := id
 	if _, err := sn.Prepare(ctx, key, base); err != nil {
@@ -814,7 +835,8 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		containerd.WithSpec(fspec),
 		containerd.WithContainerLabels(labels),
 		func(_ context.Context, _ *containerd.Client, ci *containers.Container) error {
-			ci.Runtime = info.Runtime // same runtime, same runc options (e.g. its root)
+			ci.Runtime = info.Runtime   // same runtime, same runc options (e.g. its root)
+			ci.SandboxID = join.sandbox // its group leader's shim, without a shim start (shimjoin.go)
 			return nil
 		},
 	)
@@ -850,6 +872,9 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		return f, fmt.Errorf("fork %s: create task: %w", id, timedOut(err))
 	}
 	f.Task = task
+	if join.created != nil {
+		join.created()
+	}
 	cfg.step(id, StepCreate)
 	if err := task.Start(rctx); err != nil {
 		return f, fmt.Errorf("fork %s: restore: %w", id, timedOut(err))

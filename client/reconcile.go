@@ -21,7 +21,7 @@ import (
 // Report lists what Reconcile or GC removed (or, dry, would remove), one
 // line per object: "thawed NS/ID", "fork NS/ID", "frozen layer NAME",
 // "rootfs snapshot NAME", "snapshot dir DIR", "lease NS/ID", "op record ID",
-// "lock FILE".
+// "lock FILE", "sandbox record NS/ID".
 type Report struct {
 	Removed []string
 }
@@ -82,6 +82,15 @@ func (c *Client) undo(ctx context.Context, rec *opRecord, dry bool) (Report, err
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("fork %s: %w", id, err))
+			continue // containerd unreachable: the record stays with it
+		}
+		// A shim group's leader: the record that joined its group to its shim.
+		removed, err = c.closeGroupSandbox(ctx, id, dry)
+		if removed {
+			rep.add("sandbox record %s/%s", rec.Namespace, id)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sandbox record %s: %w", id, err))
 		}
 	}
 	if rec.Paused {

@@ -31,7 +31,10 @@ import (
 // snapshots of both snapshotters, LazyFork's files and their bytes.
 type stackState struct {
 	containers, leases, snapshots, files []string
-	bytes                                int64
+	// sandboxes are containerd's sandbox records (a fork call's shim
+	// groups' joins, client/shimjoin.go).
+	sandboxes []string
+	bytes     int64
 }
 
 func (e *cliEnv) state(t *testing.T) stackState {
@@ -45,6 +48,13 @@ func (e *cliEnv) state(t *testing.T) stackState {
 	}
 	for _, c := range ctrs {
 		s.containers = append(s.containers, c.ID)
+	}
+	sbs, err := cl.SandboxStore().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range sbs {
+		s.sandboxes = append(s.sandboxes, sb.ID)
 	}
 	ls, err := cl.LeasesService().List(ctx)
 	if err != nil {
@@ -85,7 +95,7 @@ func (e *cliEnv) state(t *testing.T) stackState {
 		}
 		return nil
 	})
-	for _, l := range [][]string{s.containers, s.leases, s.snapshots, s.files} {
+	for _, l := range [][]string{s.containers, s.leases, s.snapshots, s.files, s.sandboxes} {
 		sort.Strings(l)
 	}
 	return s
@@ -170,7 +180,8 @@ func leftovers(before, after stackState) []string {
 		what string
 		b, a []string
 	}{{"containers", before.containers, after.containers}, {"leases", before.leases, after.leases},
-		{"snapshots", before.snapshots, after.snapshots}, {"files under the LazyFork root", before.files, after.files}} {
+		{"snapshots", before.snapshots, after.snapshots}, {"files under the LazyFork root", before.files, after.files},
+		{"sandbox records", before.sandboxes, after.sandboxes}} {
 		was := map[string]bool{}
 		for _, x := range c.b {
 			was[x] = true

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -233,6 +235,10 @@ func TestFork10(t *testing.T) {
 			t.Errorf("%s: labels %v", f.Container.ID(), l)
 		}
 	}
+	// Each group's first fork started its shim; the others joined it
+	// without containerd running the shim binary (a sandbox named after
+	// the leader, only while the call made them), and no record stays.
+	checkShimJoins(t, ctx, e, res.Forks, groupSize)
 	// The parent has a shim of its own; the forks share shims by groups of
 	// at most groupSize, so one dying shim never takes the parent or more
 	// than its group.
@@ -285,6 +291,50 @@ func TestFork10(t *testing.T) {
 	t.Logf("killed the shim of %s: %d forks of its group went, %d forks and the parent kept running", victim.id, died, len(forks)-died)
 }
 
+// checkShimJoins checks that in each shim group of forks (groupSize of them
+// in the call's order) every fork after the first joined the first one's
+// shim, without a shim start of its own: containerd wrote the sandbox it
+// named (the first fork) and the first fork's shim address in its bundle.
+// No sandbox record of the call's is left.
+func checkShimJoins(t *testing.T, ctx context.Context, e *lfEnv, forks []lfclient.Fork, groupSize int) {
+	t.Helper()
+	bundle := func(id, name string) string {
+		b, err := os.ReadFile(filepath.Join(e.State, "io.containerd.runtime.v2.task", e.Namespace, id, name))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	joined := 0
+	for i, f := range forks {
+		leader := forks[i-i%groupSize].Container.ID()
+		id := f.Container.ID()
+		sb := bundle(id, "sandbox")
+		switch {
+		case id == leader && sb != "":
+			t.Errorf("group leader %s names a sandbox %q: it should have started its group's shim", id, sb)
+		case id != leader && sb != leader:
+			t.Errorf("fork %s names sandbox %q, want its group leader %s (it ran a shim start of its own)", id, sb, leader)
+		case id != leader:
+			var lb, fb struct{ Address string }
+			if err := json.Unmarshal([]byte(bundle(leader, "bootstrap.json")), &lb); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal([]byte(bundle(id, "bootstrap.json")), &fb); err != nil {
+				t.Fatal(err)
+			}
+			if fb.Address == "" || fb.Address != lb.Address {
+				t.Errorf("fork %s's shim is at %q, its leader %s's at %q", id, fb.Address, leader, lb.Address)
+			}
+			joined++
+		}
+		if _, err := e.Client().SandboxStore().Get(ctx, id); err == nil {
+			t.Errorf("sandbox record %s left after the call", id)
+		}
+	}
+	t.Logf("%d of %d forks joined their group leader's shim without a shim start", joined, len(forks))
+}
+
 // shimsByID maps the -id of each shim serving the containerd at address (the
 // container that started it) to its pid.
 func shimsByID(address string) map[string]int {
@@ -332,6 +382,9 @@ func (e *lfEnv) assertNothingLeft(t *testing.T, ctx context.Context, parent stri
 	for _, id := range ids {
 		if _, err := sn.Stat(ctx, id); err == nil {
 			t.Errorf("rootfs snapshot %s left", id)
+		}
+		if _, err := cl.SandboxStore().Get(ctx, id); err == nil {
+			t.Errorf("sandbox record %s left (a shim group's join)", id)
 		}
 		if d := harness.CgroupDirs(e.CgroupPath(id)); len(d) > 0 {
 			t.Errorf("cgroups of %s left: %v", id, d)

@@ -38,7 +38,7 @@ func newBench(bin string, nForks, plainMax int) (*bench, error) {
 }
 
 func newBenchWith(bin string, nForks, plainMax int, opts harness.Options) (*bench, error) {
-	env, lf, err := ctrbench.SetupLazyForkWith(context.Background(), bin, opts)
+	env, lf, err := ctrbench.SetupLazyForkWith(context.Background(), bin, opts, clientOpts...)
 	if err != nil {
 		return nil, err
 	}

@@ -268,7 +268,7 @@ type breakdown struct {
 // first fork (which starts the batch's shim) and then n single forks of the
 // same snapshot, each traced.
 func runBreakdown(ctx context.Context, bin string, n int) (*breakdown, error) {
-	env, lf, err := ctrbench.SetupLazyForkWith(ctx, bin, harness.Options{Debug: true, Env: []string{"LAZYFORK_CRIU_VERBOSITY=4"}})
+	env, lf, err := ctrbench.SetupLazyForkWith(ctx, bin, harness.Options{Debug: true, Env: []string{"LAZYFORK_CRIU_VERBOSITY=4"}}, clientOpts...)
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/lazyfork/lazyfork/bench/internal/ctrbench"
+	lfclient "github.com/lazyfork/lazyfork/client"
 	"github.com/lazyfork/lazyfork/integration/harness"
 )
 
@@ -39,7 +40,9 @@ func main() {
 	many := flag.Bool("many-only", false, "only -forks forks at once of the first -heaps size, -rounds times, with each step's times (nothing written)")
 	rounds := flag.Int("rounds", 3, "rounds of -many-only")
 	debug := flag.Bool("debug", false, "containerd at debug level (its log is kept)")
+	join := flag.Bool("shim-join", true, "a shim group's forks join the shim its first fork started, without a `shim start` each (client.WithShimJoin)")
 	flag.Parse()
+	clientOpts = append(clientOpts, lfclient.WithShimJoin(*join))
 	if *many {
 		h, err := strconv.Atoi(strings.Split(*heaps, ",")[0])
 		if err == nil {
@@ -63,6 +66,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// clientOpts are the LazyFork client's options (flags).
+var clientOpts []lfclient.Opt
 
 // floorRuns and breakdownForks are how many fresh starts per runtime (and
 // runc runs) and how many traced forks the floors and the breakdown take.

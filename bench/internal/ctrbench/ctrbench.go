@@ -66,8 +66,8 @@ func SetupLazyFork(ctx context.Context, bin string) (_ *Env, lf *lfclient.Client
 }
 
 // SetupLazyForkWith is SetupLazyFork with harness options (e.g. Debug, or
-// more environment for the shims).
-func SetupLazyForkWith(ctx context.Context, bin string, opts harness.Options) (_ *Env, lf *lfclient.Client, retErr error) {
+// more environment for the shims) and the LazyFork client's options.
+func SetupLazyForkWith(ctx context.Context, bin string, opts harness.Options, lfOpts ...lfclient.Opt) (_ *Env, lf *lfclient.Client, retErr error) {
 	root, err := os.MkdirTemp("/tmp", "lfb-")
 	if err != nil {
 		return nil, nil, err
@@ -79,7 +79,7 @@ func SetupLazyForkWith(ctx context.Context, bin string, opts harness.Options) (_
 		return nil, nil, errors.Join(err, harness.RemoveLazyForkRoot(root))
 	}
 	e.Root = root
-	return e, lfclient.New(e.H.Client(), lfclient.WithRoot(root)), nil
+	return e, lfclient.New(e.H.Client(), append([]lfclient.Opt{lfclient.WithRoot(root)}, lfOpts...)...), nil
 }
 
 // Close tears the containerd and everything in it down, and the LazyFork

@@ -1,0 +1,160 @@
+package client
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/sandbox"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/shimaddr"
+)
+
+// containerd runs the shim binary (`containerd-shim-lazyfork-v1 start`) for
+// every task it creates, even when the task's shim already serves its group:
+// a process start per fork, 10-15 ms of CPU on a slow host. It runs none for
+// a task whose container names a sandbox of its sandbox store: it connects the
+// task to the shim serving the task whose id is the sandbox's
+// (core/runtime/v2 ShimManager.Start reads that task's bootstrap.json). So
+// the first fork of a shim group, its leader, starts the group's shim as
+// ever; the client records a sandbox named after the leader, only while the
+// batch's tasks are being created, and the group's other forks name it as
+// their sandbox. Nothing else reads the record: containerd's task create only
+// looks it up, and a later task create of such a fork, the record gone, runs
+// the shim binary as for any container (containerd logs that it did not find
+// the sandbox). A call that dies leaves it to Reconcile, which removes it
+// with the call's forks.
+
+// shimJoin is one shim group's leader and what its other forks wait for.
+type shimJoin struct {
+	leader string
+	// ready is closed once the leader's task exists or the leader failed.
+	ready chan struct{}
+	once  sync.Once
+	// sandbox is the sandbox the group's other forks name ("" when they
+	// start their shim the usual way); set before ready is closed.
+	sandbox string
+	// recorded: the leader made the sandbox record (read once the batch's
+	// forks are done, to remove it).
+	recorded bool
+}
+
+// groupSandboxLabel marks a sandbox record that joins a shim group's forks
+// to its leader's shim; Reconcile removes only records that carry it.
+const groupSandboxLabel = api.Prefix + "shim-group-leader"
+
+// joinable reports whether the forks of a group whose spec carries these
+// annotations may join their leader's shim: their shim is the one
+// lazyfork.io/shim-group picks (not a CRI pod's or runc's own grouping, which
+// the parent's annotations may set), and the runtime is LazyFork's.
+func joinable(runtime string, parentAnnotations map[string]string) bool {
+	ann := maps.Clone(parentAnnotations)
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[api.AnnotationShimGroup] = "probe" // as forkSpec sets it
+	group, _ := shimaddr.ShimGroup(ann)
+	return runtime == api.RuntimeName && group != ""
+}
+
+// openGroupSandbox records the sandbox that joins the forks of a group to the
+// shim of its leader's task. Any error leaves the group on the usual path
+// (a containerd without the sandbox store).
+func (c *Client) openGroupSandbox(ctx context.Context, leader, runtime string) bool {
+	_, err := c.cd.SandboxStore().Create(ctx, sandbox.Sandbox{
+		ID:      leader,
+		Labels:  map[string]string{groupSandboxLabel: leader},
+		Runtime: sandbox.RuntimeOpts{Name: runtime},
+	})
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("leader", leader).Debug("lazyfork: shim group on the usual path (no sandbox record)")
+		return false
+	}
+	return true
+}
+
+// closeGroupSandbox removes the sandbox record of a group's leader, if it is
+// one of LazyFork's (another tool's sandbox of that id stays); reports
+// whether it removed one.
+func (c *Client) closeGroupSandbox(ctx context.Context, leader string, dry bool) (bool, error) {
+	store := c.cd.SandboxStore()
+	sb, err := store.Get(ctx, leader)
+	if errdefs.IsNotFound(err) || errdefs.IsNotImplemented(err) {
+		return false, nil // none, or a containerd without a sandbox store
+	}
+	if err != nil {
+		return false, err
+	}
+	if sb.Labels[groupSandboxLabel] != leader {
+		return false, nil
+	}
+	if dry {
+		return true, nil
+	}
+	if err := store.Delete(ctx, leader); err != nil && !errdefs.IsNotFound(err) {
+		return false, err
+	}
+	return true, nil
+}
+
+// closeGroupSandboxes removes the records of joins, bounded so a containerd
+// that stopped answering does not hold the call (Reconcile removes what
+// stays).
+func (c *Client) closeGroupSandboxes(ctx context.Context, joins []*shimJoin) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for _, j := range joins {
+		if j == nil || !j.recorded {
+			continue
+		}
+		if _, err := c.closeGroupSandbox(ctx, j.leader, false); err != nil {
+			log.G(ctx).WithError(err).WithField("leader", j.leader).Warn("lazyfork: remove the shim group's sandbox record (lazyfork gc removes it)")
+		}
+	}
+}
+
+// forkJoin is how one fork takes its shim: sandbox names its group leader's
+// record (a follower that joins); created, for a leader, tells its group the
+// leader's task exists (idempotent).
+type forkJoin struct {
+	sandbox string
+	created func()
+}
+
+// shimJoins gives each shim group of ids that has more than one fork, and
+// whose forks may join their leader (joinable), its join; nil entries are
+// groups on the usual path (all of them with cfg.shimJoin off).
+func (c *Client) shimJoins(ids []string, groupSize int, runtime string, parentAnnotations map[string]string, cfg *forkConfig) []*shimJoin {
+	joins := make([]*shimJoin, (len(ids)+groupSize-1)/groupSize)
+	if !cfg.shimJoin || groupSize < 2 || !joinable(runtime, parentAnnotations) {
+		return joins
+	}
+	for k := range joins {
+		if min(len(ids), (k+1)*groupSize)-k*groupSize > 1 {
+			joins[k] = &shimJoin{leader: ids[k*groupSize], ready: make(chan struct{})}
+		}
+	}
+	return joins
+}
+
+// open records the group's sandbox (the leader's goroutine, before its
+// restore).
+func (j *shimJoin) open(ctx context.Context, c *Client, runtime string) {
+	j.recorded = c.openGroupSandbox(ctx, j.leader, runtime)
+}
+
+// release lets the group's other forks go: to join the leader's shim when
+// its task was created and the record exists, else the usual way (or, the
+// leader failed, to fail with the batch). Only the first call counts.
+func (j *shimJoin) release(created bool) {
+	j.once.Do(func() {
+		if created && j.recorded {
+			j.sandbox = j.leader
+		}
+		close(j.ready)
+	})
+}
