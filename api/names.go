@@ -22,6 +22,13 @@ const (
 	// LabelHook names the host directory of a container's runtime hook
 	// socket (hook package).
 	LabelHook = Prefix + "hook"
+	// LabelShimGroup is a fork's shim group (AnnotationShimGroup), so that
+	// a later call's forks of the same group find the shim serving it.
+	LabelShimGroup = Prefix + "shim-group"
+	// LabelShimGroupLeader marks the sandbox record (containerd's sandbox
+	// store) that joins a fork call's forks to their group's running shim
+	// (client/shimjoin.go): the id of the fork whose shim they join.
+	LabelShimGroupLeader = Prefix + "shim-group-leader"
 )
 
 // Annotations in a container's OCI spec that the shim reads.

@@ -527,7 +527,8 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 		return nil, time.Since(start), fmt.Errorf("parent spec: %w", err)
 	}
 	groupSize := max(cfg.groupSize, 1)
-	joins := c.shimJoins(ids, groupSize, info.Runtime.Name, spec.Annotations, cfg)
+	groupName := func(k int) string { return fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), k) }
+	joins := c.shimJoins(ctx, ids, groupSize, groupName, info.Runtime.Name, spec.Annotations, cfg)
 	defer c.closeGroupSandboxes(ctx, joins)
 	var first sync.Once
 	var wg sync.WaitGroup
@@ -577,8 +578,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 				}
 			}()
 			cfg.step(ids[i], StepQueued)
-			group := fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), i/groupSize)
-			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, specJSON, family, group, imageDir, base, join, cfg)
+			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, specJSON, family, groupName(i/groupSize), imageDir, base, join, cfg)
 			if errs[i] == nil {
 				first.Do(func() { errs[i] = failpoint(ctx, FailAfterFirstFork) })
 			}
@@ -828,18 +828,22 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 	for k, v := range cfg.labels {
 		labels[k] = v
 	}
-	ctr, err := c.cd.NewContainer(ctx, id,
-		containerd.WithImageName(info.Image),
-		containerd.WithSnapshotter(info.Snapshotter),
-		containerd.WithSnapshot(key),
-		containerd.WithSpec(fspec),
-		containerd.WithContainerLabels(labels),
-		func(_ context.Context, _ *containerd.Client, ci *containers.Container) error {
-			ci.Runtime = info.Runtime   // same runtime, same runc options (e.g. its root)
-			ci.SandboxID = join.sandbox // its group leader's shim, without a shim start (shimjoin.go)
-			return nil
-		},
-	)
+	labels[api.LabelShimGroup] = group // a later call's forks of the group find its shim (shimjoin.go)
+	newContainer := func(sandbox string) (containerd.Container, error) {
+		return c.cd.NewContainer(ctx, id,
+			containerd.WithImageName(info.Image),
+			containerd.WithSnapshotter(info.Snapshotter),
+			containerd.WithSnapshot(key),
+			containerd.WithSpec(fspec),
+			containerd.WithContainerLabels(labels),
+			func(_ context.Context, _ *containerd.Client, ci *containers.Container) error {
+				ci.Runtime = info.Runtime // same runtime, same runc options (e.g. its root)
+				ci.SandboxID = sandbox    // its group leader's shim, without a shim start (shimjoin.go)
+				return nil
+			},
+		)
+	}
+	ctr, err := newContainer(join.sandbox)
 	if err != nil {
 		return f, fmt.Errorf("fork %s: create container: %w", id, err)
 	}
@@ -868,6 +872,23 @@ func (c *Client) restoreFork(ctx context.Context, id, parentID string, info cont
 		ioc = nf.io() // nerdctl's logging driver: nerdctl logs reads it
 	}
 	task, err := ctr.NewTask(rctx, ioc, containerd.WithRestoreImagePath(imageDir))
+	if err != nil && join.sandbox != "" && rctx.Err() == nil {
+		// The leader's shim went (its task deleted, its shim exiting): a
+		// fork's create only records it (the restore is at Start), so this
+		// is the join failing; the usual path, with a container record
+		// that names no sandbox (the field is immutable).
+		log.G(ctx).WithError(err).WithFields(log.Fields{"id": id, "leader": join.sandbox}).Info("lazyfork: shim group's leader gone; the fork starts its shim the usual way")
+		if derr := ctr.Delete(context.WithoutCancel(ctx)); derr == nil {
+			ctr, err = newContainer("")
+			if err != nil {
+				containerMade = false // the rootfs snapshot is removed on return
+				f.Container = nil
+				return f, fmt.Errorf("fork %s: create container: %w", id, err)
+			}
+			f.Container = ctr
+			task, err = ctr.NewTask(rctx, ioc, containerd.WithRestoreImagePath(imageDir))
+		}
+	}
 	if err != nil {
 		return f, fmt.Errorf("fork %s: create task: %w", id, timedOut(err))
 	}

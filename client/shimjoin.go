@@ -2,10 +2,13 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"sync"
 	"time"
 
+	tasks "github.com/containerd/containerd/api/services/tasks/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/core/sandbox"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -45,7 +48,7 @@ type shimJoin struct {
 
 // groupSandboxLabel marks a sandbox record that joins a shim group's forks
 // to its leader's shim; Reconcile removes only records that carry it.
-const groupSandboxLabel = api.Prefix + "shim-group-leader"
+const groupSandboxLabel = api.LabelShimGroupLeader
 
 // joinable reports whether the forks of a group whose spec carries these
 // annotations may join their leader's shim: their shim is the one
@@ -125,20 +128,55 @@ type forkJoin struct {
 	created func()
 }
 
-// shimJoins gives each shim group of ids that has more than one fork, and
-// whose forks may join their leader (joinable), its join; nil entries are
-// groups on the usual path (all of them with cfg.shimJoin off).
-func (c *Client) shimJoins(ids []string, groupSize int, runtime string, parentAnnotations map[string]string, cfg *forkConfig) []*shimJoin {
+// shimJoins gives each shim group of ids its join, nil for a group on the
+// usual path (every group with cfg.shimJoin off). A group whose shim already
+// serves a fork (a call before this one restored the same snapshot) joins
+// that fork's shim: it leads, and every fork of this call's group follows. A
+// group of this call with more than one fork and no such shim is led by its
+// first fork, which starts the group's shim.
+func (c *Client) shimJoins(ctx context.Context, ids []string, groupSize int, groupName func(k int) string,
+	runtime string, parentAnnotations map[string]string, cfg *forkConfig) []*shimJoin {
 	joins := make([]*shimJoin, (len(ids)+groupSize-1)/groupSize)
-	if !cfg.shimJoin || groupSize < 2 || !joinable(runtime, parentAnnotations) {
+	if !cfg.shimJoin || !joinable(runtime, parentAnnotations) {
 		return joins
 	}
 	for k := range joins {
+		if leader := c.groupShimTask(ctx, groupName(k)); leader != "" {
+			j := &shimJoin{leader: leader, ready: make(chan struct{})}
+			j.open(ctx, c, runtime)
+			j.release(true)
+			joins[k] = j
+			continue
+		}
 		if min(len(ids), (k+1)*groupSize)-k*groupSize > 1 {
 			joins[k] = &shimJoin{leader: ids[k*groupSize], ready: make(chan struct{})}
 		}
 	}
 	return joins
+}
+
+// groupShimTask is a fork of shim group group whose task is alive (so its
+// shim serves the group), "" if there is none or containerd does not say.
+func (c *Client) groupShimTask(ctx context.Context, group string) string {
+	ctrs, err := c.cd.ContainerService().List(ctx, fmt.Sprintf("labels.%q==%q", api.LabelShimGroup, group))
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("group", group).Debug("lazyfork: list the shim group's forks")
+		return ""
+	}
+	for _, ctr := range ctrs {
+		if ctr.Runtime.Name != api.RuntimeName {
+			continue
+		}
+		resp, err := c.cd.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: ctr.ID})
+		if err != nil {
+			continue
+		}
+		switch resp.GetProcess().GetStatus() {
+		case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING, tasktypes.Status_CREATED:
+			return ctr.ID
+		}
+	}
+	return ""
 }
 
 // open records the group's sandbox (the leader's goroutine, before its

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -298,13 +297,7 @@ func TestFork10(t *testing.T) {
 // No sandbox record of the call's is left.
 func checkShimJoins(t *testing.T, ctx context.Context, e *lfEnv, forks []lfclient.Fork, groupSize int) {
 	t.Helper()
-	bundle := func(id, name string) string {
-		b, err := os.ReadFile(filepath.Join(e.State, "io.containerd.runtime.v2.task", e.Namespace, id, name))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
+	bundle := func(id, name string) string { return e.bundleFile(t, id, name) }
 	joined := 0
 	for i, f := range forks {
 		leader := forks[i-i%groupSize].Container.ID()
@@ -328,9 +321,7 @@ func checkShimJoins(t *testing.T, ctx context.Context, e *lfEnv, forks []lfclien
 			}
 			joined++
 		}
-		if _, err := e.Client().SandboxStore().Get(ctx, id); err == nil {
-			t.Errorf("sandbox record %s left after the call", id)
-		}
+		e.noSandboxRecord(t, ctx, id)
 	}
 	t.Logf("%d of %d forks joined their group leader's shim without a shim start", joined, len(forks))
 }
