@@ -143,6 +143,36 @@ func TestForksShareOneBatchLayer(t *testing.T) {
 		t.Errorf("the forks' base %q (%v) is not a batch layer (labels %v): each fork has its own copy", base, err, bi.Labels)
 	}
 
+	// A kept snapshot restored again: the later call's forks stack on the
+	// layer its first call made, not on a copy of their own.
+	kept, err := lf.Fork(ctx, ctr.ID(), 1, discard, client.KeepSnapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.RemoveSnapshot(context.WithoutCancel(ctx), kept.Snapshot)
+	made = append(made, kept.Forks[0].Container)
+	keptInfo, err := sn.Stat(ctx, kept.Forks[0].Container.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := lf.RestoreForks(ctx, ctr.ID(), kept.Snapshot, 2, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range again {
+		made = append(made, f.Container)
+		info, err := sn.Stat(ctx, f.Container.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Parent != keptInfo.Parent {
+			t.Errorf("fork %s of the snapshot restored again stacks on %q, the snapshot's first fork on %q: want its layer shared", f.Container.ID(), info.Parent, keptInfo.Parent)
+		}
+		if b, err := os.ReadFile(filepath.Join(rootfs(f.Container.ID()), "marker")); err != nil || string(b) != "from-parent\n" {
+			t.Errorf("fork %s of the snapshot restored again: /marker %q (%v), want the parent's", f.Container.ID(), b, err)
+		}
+	}
+
 	// One fork deletes a file of its parent and writes its own.
 	f1 := res.Forks[0].Container.ID()
 	if err := os.Remove(filepath.Join(rootfs(f1), "gone")); err != nil {

@@ -59,8 +59,11 @@ type forkConfig struct {
 	restoreTimeout time.Duration
 	groupSize      int
 	shimJoin       bool // a group's forks join its leader's shim (shimjoin.go)
-	trace          func(id string, step ForkStep, at time.Time)
-	parallel       int
+	// keptSnapshot: the forks restore a snapshot an earlier call made
+	// (RestoreForks), whose batch layer they may share (forkBase).
+	keptSnapshot bool
+	trace        func(id string, step ForkStep, at time.Time)
+	parallel     int
 	// forks is how many forks the call restores from its snapshot (set by
 	// Fork; the shim's SnapshotIntent).
 	forks int
@@ -494,6 +497,7 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: lease: %w", parentID, err)
 	}
+	cfg.keptSnapshot = true
 	forks, _, err := c.restoreForks(ctx, parentID, info, spec, snap.Family, imageDir, rfs, ids, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
@@ -515,7 +519,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 	errs := make([]error, n)
 	start := time.Now()
 	// What every fork stacks its rootfs on, made once for the batch.
-	base, removeBase, err := c.forkBase(ctx, info, imageDir, rfs)
+	base, removeBase, err := c.forkBase(ctx, info, imageDir, rfs, cfg.keptSnapshot)
 	if err != nil {
 		return nil, time.Since(start), err
 	}
