@@ -62,8 +62,11 @@ type forkConfig struct {
 	// keptSnapshot: the forks restore a snapshot an earlier call made
 	// (RestoreForks), whose batch layer they may share (forkBase).
 	keptSnapshot bool
-	trace        func(id string, step ForkStep, at time.Time)
-	parallel     int
+	// op is the call's operation (its record's id): what it makes is
+	// labelled with it for Reconcile.
+	op       string
+	trace    func(id string, step ForkStep, at time.Time)
+	parallel int
 	// forks is how many forks the call restores from its snapshot (set by
 	// Fork; the shim's SnapshotIntent).
 	forks int
@@ -356,6 +359,7 @@ func (c *Client) fork(ctx context.Context, parentID string, n int, opts ...ForkO
 	}
 
 	if n > 0 {
+		cfg.op = o.rec.ID
 		forks, restore, err := c.restoreForks(ctx, parentID, info, spec, res.Family, imageDir, rfs, ids, &cfg)
 		if err != nil {
 			return nil, fmt.Errorf("fork %s: %w", parentID, err)
@@ -497,7 +501,7 @@ func (c *Client) RestoreForks(ctx context.Context, parentID, imageDir string, n 
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: lease: %w", parentID, err)
 	}
-	cfg.keptSnapshot = true
+	cfg.keptSnapshot, cfg.op = true, o.rec.ID
 	forks, _, err := c.restoreForks(ctx, parentID, info, spec, snap.Family, imageDir, rfs, ids, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("restore forks of %s: %w", parentID, err)
@@ -552,7 +556,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 			join := forkJoin{}
 			if j := joins[i/groupSize]; j != nil {
 				if ids[i] == j.leader {
-					j.open(ctx, c, info.Runtime.Name)
+					j.open(ctx, c, info.Runtime.Name, cfg.op)
 					join.created = func() { j.release(true) }
 					defer j.release(false) // a leader that failed lets its group go (to fail)
 				} else {

@@ -82,15 +82,16 @@ func (c *Client) undo(ctx context.Context, rec *opRecord, dry bool) (Report, err
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("fork %s: %w", id, err))
-			continue // containerd unreachable: the record stays with it
 		}
-		// A shim group's leader: the record that joined its group to its shim.
-		removed, err = c.closeGroupSandbox(ctx, id, dry)
-		if removed {
+	}
+	// The records that joined its shim groups to their leaders' shims.
+	if len(errs) == 0 {
+		sbs, err := c.removeOpSandboxes(ctx, rec.ID, dry)
+		for _, id := range sbs {
 			rep.add("sandbox record %s/%s", rec.Namespace, id)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("sandbox record %s: %w", id, err))
+			errs = append(errs, fmt.Errorf("sandbox records: %w", err))
 		}
 	}
 	if rec.Paused {

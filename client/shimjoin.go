@@ -23,14 +23,17 @@ import (
 // a task whose container names a sandbox of its sandbox store: it connects the
 // task to the shim serving the task whose id is the sandbox's
 // (core/runtime/v2 ShimManager.Start reads that task's bootstrap.json). So
-// the first fork of a shim group, its leader, starts the group's shim as
-// ever; the client records a sandbox named after the leader, only while the
-// batch's tasks are being created, and the group's other forks name it as
-// their sandbox. Nothing else reads the record: containerd's task create only
+// each shim group of a call has a leader: a fork of the group that a call
+// before this one restored and whose task runs (a kept snapshot restored
+// again), else the group's first fork, which starts the group's shim as ever.
+// The client records a sandbox named after the leader, only while the call
+// creates its tasks, and the group's other forks name it as their sandbox.
+// A join that fails (the leader's shim went) takes the usual path
+// (restoreFork). Nothing else reads the record: containerd's task create only
 // looks it up, and a later task create of such a fork, the record gone, runs
 // the shim binary as for any container (containerd logs that it did not find
-// the sandbox). A call that dies leaves it to Reconcile, which removes it
-// with the call's forks.
+// the sandbox). A call that dies leaves the record to Reconcile, which
+// removes it with the call's forks.
 
 // shimJoin is one shim group's leader and what its other forks wait for.
 type shimJoin struct {
@@ -67,10 +70,10 @@ func joinable(runtime string, parentAnnotations map[string]string) bool {
 // openGroupSandbox records the sandbox that joins the forks of a group to the
 // shim of its leader's task. Any error leaves the group on the usual path
 // (a containerd without the sandbox store).
-func (c *Client) openGroupSandbox(ctx context.Context, leader, runtime string) bool {
+func (c *Client) openGroupSandbox(ctx context.Context, leader, runtime, op string) bool {
 	_, err := c.cd.SandboxStore().Create(ctx, sandbox.Sandbox{
 		ID:      leader,
-		Labels:  map[string]string{groupSandboxLabel: leader},
+		Labels:  map[string]string{groupSandboxLabel: leader, api.LabelOp: op},
 		Runtime: sandbox.RuntimeOpts{Name: runtime},
 	})
 	if err != nil {
@@ -80,28 +83,30 @@ func (c *Client) openGroupSandbox(ctx context.Context, leader, runtime string) b
 	return true
 }
 
-// closeGroupSandbox removes the sandbox record of a group's leader, if it is
-// one of LazyFork's (another tool's sandbox of that id stays); reports
-// whether it removed one.
-func (c *Client) closeGroupSandbox(ctx context.Context, leader string, dry bool) (bool, error) {
+// removeOpSandboxes removes the sandbox records operation op made (a call
+// that died before it removed them); returns their ids (dry: would remove).
+func (c *Client) removeOpSandboxes(ctx context.Context, op string, dry bool) ([]string, error) {
 	store := c.cd.SandboxStore()
-	sb, err := store.Get(ctx, leader)
-	if errdefs.IsNotFound(err) || errdefs.IsNotImplemented(err) {
-		return false, nil // none, or a containerd without a sandbox store
+	sbs, err := store.List(ctx, fmt.Sprintf("labels.%q==%q", api.LabelOp, op))
+	if errdefs.IsNotImplemented(err) {
+		return nil, nil // a containerd without a sandbox store
 	}
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	if sb.Labels[groupSandboxLabel] != leader {
-		return false, nil
+	var removed []string
+	for _, sb := range sbs {
+		if sb.Labels[groupSandboxLabel] == "" {
+			continue // not a join's (no LazyFork record is else)
+		}
+		if !dry {
+			if err := store.Delete(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+				return removed, err
+			}
+		}
+		removed = append(removed, sb.ID)
 	}
-	if dry {
-		return true, nil
-	}
-	if err := store.Delete(ctx, leader); err != nil && !errdefs.IsNotFound(err) {
-		return false, err
-	}
-	return true, nil
+	return removed, nil
 }
 
 // closeGroupSandboxes removes the records of joins, bounded so a containerd
@@ -114,7 +119,8 @@ func (c *Client) closeGroupSandboxes(ctx context.Context, joins []*shimJoin) {
 		if j == nil || !j.recorded {
 			continue
 		}
-		if _, err := c.closeGroupSandbox(ctx, j.leader, false); err != nil {
+		// The call's own record: no need to look at it first.
+		if err := c.cd.SandboxStore().Delete(ctx, j.leader); err != nil && !errdefs.IsNotFound(err) {
 			log.G(ctx).WithError(err).WithField("leader", j.leader).Warn("lazyfork: remove the shim group's sandbox record (lazyfork gc removes it)")
 		}
 	}
@@ -141,12 +147,15 @@ func (c *Client) shimJoins(ctx context.Context, ids []string, groupSize int, gro
 		return joins
 	}
 	for k := range joins {
-		if leader := c.groupShimTask(ctx, groupName(k)); leader != "" {
-			j := &shimJoin{leader: leader, ready: make(chan struct{})}
-			j.open(ctx, c, runtime)
-			j.release(true)
-			joins[k] = j
-			continue
+		// Only a kept snapshot's groups can have forks already.
+		if cfg.keptSnapshot {
+			if leader := c.groupShimTask(ctx, groupName(k)); leader != "" {
+				j := &shimJoin{leader: leader, ready: make(chan struct{})}
+				j.open(ctx, c, runtime, cfg.op)
+				j.release(true)
+				joins[k] = j
+				continue
+			}
 		}
 		if min(len(ids), (k+1)*groupSize)-k*groupSize > 1 {
 			joins[k] = &shimJoin{leader: ids[k*groupSize], ready: make(chan struct{})}
@@ -181,8 +190,8 @@ func (c *Client) groupShimTask(ctx context.Context, group string) string {
 
 // open records the group's sandbox (the leader's goroutine, before its
 // restore).
-func (j *shimJoin) open(ctx context.Context, c *Client, runtime string) {
-	j.recorded = c.openGroupSandbox(ctx, j.leader, runtime)
+func (j *shimJoin) open(ctx context.Context, c *Client, runtime, op string) {
+	j.recorded = c.openGroupSandbox(ctx, j.leader, runtime, op)
 }
 
 // release lets the group's other forks go: to join the leader's shim when

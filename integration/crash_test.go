@@ -341,6 +341,44 @@ func TestCrashCLIKilled(t *testing.T) {
 	e.waitTick(t, id, 0)
 }
 
+// TestCrashCLIKilledJoining: a fork of a stopped container restores its kept
+// snapshot, joining the shim of a fork of it that runs (client/shimjoin.go);
+// the CLI SIGKILLed there leaves the join's sandbox record, named after that
+// other fork, and lazyfork gc removes it with the rest; the running fork is
+// untouched.
+func TestCrashCLIKilledJoining(t *testing.T) {
+	e := startCLIEnv(t)
+	e.startCounterCLI(t, "counter")
+	e.must(t, "stop", "counter")
+	first := strings.TrimSpace(e.must(t, "fork", "counter"))
+	e.waitTick(t, first, 0)
+	before := e.state(t)
+	f := e.forkAt(t, "after-first-fork-created", "counter", "--count", "2")
+	sbs, err := e.Client().SandboxStore().List(e.ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sbs) != 1 || sbs[0].ID != first {
+		var ids []string
+		for _, sb := range sbs {
+			ids = append(ids, sb.ID)
+		}
+		t.Errorf("sandbox records during the call: %v, want one named after the running fork %s", ids, first)
+	}
+	_ = f.cmd.Process.Kill()
+	_ = f.wait(t)
+	out := e.must(t, "gc")
+	t.Logf("gc:\n%s", out)
+	if !strings.Contains(out, "removed sandbox record") {
+		t.Errorf("gc removed no sandbox record:\n%s", out)
+	}
+	assertSame(t, before, e.state(t))
+	e.waitTick(t, first, e.waitTick(t, first, 0))
+	// The stopped container's snapshot and its frozen layer go with it.
+	e.must(t, "delete", "-f", first)
+	e.must(t, "delete", "-f", "counter")
+}
+
 // TestCrashCLIInterrupted: SIGINT (Ctrl-C) and SIGTERM at a stage cancel the
 // fork; it cleans up by itself, prints no id, and the parent runs on.
 func TestCrashCLIInterrupted(t *testing.T) {
