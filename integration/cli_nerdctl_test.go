@@ -32,11 +32,21 @@ func TestCLINerdctlFork(t *testing.T) {
 	if out := strings.TrimSpace(e.must(t, "fork", "nd", "--name", "ndf")); out != "ndf" {
 		t.Fatalf("fork nd --name ndf printed %q", out)
 	}
-	anon := strings.TrimSpace(e.must(t, "fork", "nd"))
-	anonName := "nd-" + anon[strings.LastIndex(anon, "-")+1:]
+	// Two: the second joins the shim the first started (client/shimjoin.go).
+	anons := strings.Fields(e.must(t, "fork", "nd", "--count", "2"))
+	if len(anons) != 2 {
+		t.Fatalf("fork nd --count 2 printed %q", anons)
+	}
+	if sb := e.bundleFile(t, anons[1], "sandbox"); sb != anons[0] {
+		t.Errorf("fork %s names sandbox %q, want %s: it did not join its group's shim", anons[1], sb, anons[0])
+	}
+	var anonNames []string
+	for _, anon := range anons {
+		anonNames = append(anonNames, "nd-"+anon[strings.LastIndex(anon, "-")+1:])
+	}
 
 	ps := e.mustNerdctl(t, "ps", "--format", "{{.Names}} {{.Status}}")
-	for _, n := range []string{"nd", "ndf", anonName} {
+	for _, n := range append([]string{"nd", "ndf"}, anonNames...) {
 		if !strings.Contains(ps, n+" Up") {
 			t.Errorf("nerdctl ps does not list %s running:\n%s", n, ps)
 		}
@@ -52,16 +62,18 @@ func TestCLINerdctlFork(t *testing.T) {
 	if out := e.waitLogsLine(t, "ndf", func(l string) bool { return l == first }); strings.Contains(out, "ready") {
 		t.Errorf("lazyfork logs ndf shows the parent's output")
 	}
-	if out := strings.TrimSpace(e.mustNerdctl(t, "exec", "ndf", "echo", "hi")); out != "hi" {
-		t.Errorf("nerdctl exec ndf: %q", out)
+	for _, n := range []string{"ndf", anonNames[1]} {
+		if out := strings.TrimSpace(e.mustNerdctl(t, "exec", n, "echo", "hi")); out != "hi" {
+			t.Errorf("nerdctl exec %s: %q", n, out)
+		}
 	}
 
 	// nerdctl rm of the forks: gone, names free; the parent untouched.
 	pLabels := e.ctrLabels(t, parentID)
 	e.mustNerdctl(t, "rm", "-f", "ndf")
-	e.mustNerdctl(t, "rm", "-f", anonName)
+	e.mustNerdctl(t, append([]string{"rm", "-f"}, anonNames...)...)
 	ls := e.ctr(t, "containers", "ls", "-q")
-	if strings.Contains(ls, "ndf") || strings.Contains(ls, anon) {
+	if strings.Contains(ls, "ndf") || strings.Contains(ls, anons[0]) || strings.Contains(ls, anons[1]) {
 		t.Errorf("after nerdctl rm of the forks, ctr lists:\n%s", ls)
 	}
 	if ps := e.mustNerdctl(t, "ps", "-a", "--format", "{{.Names}}"); strings.TrimSpace(ps) != "nd" {
