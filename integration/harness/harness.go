@@ -132,7 +132,8 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 		return nil, fmt.Errorf("harness: shim socket dir %q longer than 42 bytes: %w", c.ShimSocketDir, errdefs.ErrInvalidArgument)
 	}
 	for _, d := range []string{c.Root, c.State, c.ShimSocketDir, c.RuncRoot, filepath.Join(dir, "logs"),
-		filepath.Join(dir, "cni", "net.d"), filepath.Join(dir, "cni", "bin"), filepath.Join(dir, "opt"), c.FIFODir} {
+		filepath.Join(dir, "cni", "net.d"), filepath.Join(dir, "cni", "bin"), filepath.Join(dir, "opt"), c.FIFODir,
+		c.runtimeDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("harness: %w", err)
 		}
@@ -185,6 +186,9 @@ func Start(ctx context.Context, opts Options) (_ *Containerd, retErr error) {
 	return c, nil
 }
 
+// runtimeDir is the daemon's XDG_RUNTIME_DIR (daemonEnv).
+func (c *Containerd) runtimeDir() string { return filepath.Join(c.Dir, "xdg") }
+
 func (c *Containerd) daemonEnv() []string {
 	var env []string
 	path := os.Getenv("PATH")
@@ -212,6 +216,11 @@ func (c *Containerd) daemonEnv() []string {
 		}
 	}
 	env = append(env, "PATH="+strings.Join(dirs, ":"))
+	// containerd unpacks a task's checkpoint (nerdctl start --checkpoint)
+	// into a directory under $XDG_RUNTIME_DIR, else /tmp, and never removes
+	// it: this stack's go with its directory. As root, runc and CRIU do not
+	// read it.
+	env = append(env, "XDG_RUNTIME_DIR="+c.runtimeDir())
 	// runc.v2's CRIU runs too (the side-by-side tests and benchmarks): on a
 	// host whose breakpoints do not trap, CRIU would hang (hwbreak).
 	env = hwbreak.CRIUEnv(env)
