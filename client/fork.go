@@ -536,7 +536,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 	}
 	groupSize := max(cfg.groupSize, 1)
 	groupName := func(k int) string { return fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), k) }
-	joins := c.shimJoins(ctx, ids, groupSize, groupName, info.Runtime.Name, spec.Annotations, cfg)
+	joins := c.shimJoins(ctx, ids, groupSize, groupName, imageDir, info.Runtime.Name, spec.Annotations, cfg)
 	defer c.closeGroupSandboxes(ctx, joins)
 	var first sync.Once
 	var wg sync.WaitGroup

@@ -141,7 +141,7 @@ type forkJoin struct {
 // group of this call with more than one fork and no such shim is led by its
 // first fork, which starts the group's shim.
 func (c *Client) shimJoins(ctx context.Context, ids []string, groupSize int, groupName func(k int) string,
-	runtime string, parentAnnotations map[string]string, cfg *forkConfig) []*shimJoin {
+	imageDir, runtime string, parentAnnotations map[string]string, cfg *forkConfig) []*shimJoin {
 	joins := make([]*shimJoin, (len(ids)+groupSize-1)/groupSize)
 	if !cfg.shimJoin || !joinable(runtime, parentAnnotations) {
 		return joins
@@ -149,7 +149,7 @@ func (c *Client) shimJoins(ctx context.Context, ids []string, groupSize int, gro
 	for k := range joins {
 		// Only a kept snapshot's groups can have forks already.
 		if cfg.keptSnapshot {
-			if leader := c.groupShimTask(ctx, groupName(k)); leader != "" {
+			if leader := c.groupShimTask(ctx, groupName(k), imageDir); leader != "" {
 				j := &shimJoin{leader: leader, ready: make(chan struct{})}
 				j.open(ctx, c, runtime, cfg.op)
 				j.release(true)
@@ -164,10 +164,12 @@ func (c *Client) shimJoins(ctx context.Context, ids []string, groupSize int, gro
 	return joins
 }
 
-// groupShimTask is a fork of shim group group whose task is alive (so its
-// shim serves the group), "" if there is none or containerd does not say.
-func (c *Client) groupShimTask(ctx context.Context, group string) string {
-	ctrs, err := c.cd.ContainerService().List(ctx, fmt.Sprintf("labels.%q==%q", api.LabelShimGroup, group))
+// groupShimTask is a fork of snapshot imageDir in shim group group whose
+// task is alive (so its shim serves the group), "" if there is none or
+// containerd does not say.
+func (c *Client) groupShimTask(ctx context.Context, group, imageDir string) string {
+	ctrs, err := c.cd.ContainerService().List(ctx, fmt.Sprintf("labels.%q==%q,labels.%q==%q",
+		api.LabelShimGroup, group, api.LabelSnapshot, imageDir))
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("group", group).Debug("lazyfork: list the shim group's forks")
 		return ""
