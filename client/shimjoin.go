@@ -32,8 +32,8 @@ import (
 // (restoreFork). Nothing else reads the record: containerd's task create only
 // looks it up, and a later task create of such a fork, the record gone, runs
 // the shim binary as for any container (containerd logs that it did not find
-// the sandbox). A call that dies leaves the record to Reconcile, which
-// removes it with the call's forks.
+// the sandbox). A call that dies leaves the record to Reconcile, which finds
+// it by the call's op label (removeOpSandboxes).
 
 // shimJoin is one shim group's leader and what its other forks wait for.
 type shimJoin struct {
@@ -97,7 +97,7 @@ func (c *Client) removeOpSandboxes(ctx context.Context, op string, dry bool) ([]
 	var removed []string
 	for _, sb := range sbs {
 		if sb.Labels[groupSandboxLabel] == "" {
-			continue // not a join's (no LazyFork record is else)
+			continue // not a join's record: not LazyFork's
 		}
 		if !dry {
 			if err := store.Delete(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
