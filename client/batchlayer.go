@@ -101,7 +101,7 @@ func (c *Client) keptBatchLayer(ctx context.Context, sn snapshots.Snapshotter, s
 	}
 	var found string
 	err := sn.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
-		if found == "" && i.Kind == snapshots.KindCommitted && i.Parent == base && i.Labels[batchLayerLabel] == imageDir {
+		if found == "" && i.Kind == snapshots.KindCommitted && i.Parent == base { // the filter has its label
 			found = i.Name
 		}
 		return nil

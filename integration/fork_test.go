@@ -297,12 +297,11 @@ func TestFork10(t *testing.T) {
 // No sandbox record of the call's is left.
 func checkShimJoins(t *testing.T, ctx context.Context, e *lfEnv, forks []lfclient.Fork, groupSize int) {
 	t.Helper()
-	bundle := func(id, name string) string { return e.bundleFile(t, id, name) }
 	joined := 0
 	for i, f := range forks {
 		leader := forks[i-i%groupSize].Container.ID()
 		id := f.Container.ID()
-		sb := bundle(id, "sandbox")
+		sb := e.bundleFile(t, id, "sandbox")
 		switch {
 		case id == leader && sb != "":
 			t.Errorf("group leader %s names a sandbox %q: it should have started its group's shim", id, sb)
@@ -310,10 +309,10 @@ func checkShimJoins(t *testing.T, ctx context.Context, e *lfEnv, forks []lfclien
 			t.Errorf("fork %s names sandbox %q, want its group leader %s (it ran a shim start of its own)", id, sb, leader)
 		case id != leader:
 			var lb, fb struct{ Address string }
-			if err := json.Unmarshal([]byte(bundle(leader, "bootstrap.json")), &lb); err != nil {
+			if err := json.Unmarshal([]byte(e.bundleFile(t, leader, "bootstrap.json")), &lb); err != nil {
 				t.Fatal(err)
 			}
-			if err := json.Unmarshal([]byte(bundle(id, "bootstrap.json")), &fb); err != nil {
+			if err := json.Unmarshal([]byte(e.bundleFile(t, id, "bootstrap.json")), &fb); err != nil {
 				t.Fatal(err)
 			}
 			if fb.Address == "" || fb.Address != lb.Address {
