@@ -23,7 +23,8 @@ const (
 	// socket (hook package).
 	LabelHook = Prefix + "hook"
 	// LabelShimGroup is a fork's shim group (AnnotationShimGroup), so that
-	// a later call's forks of the same group find the shim serving it.
+	// a later call's forks of the family find the shims serving it and how
+	// many forks each holds.
 	LabelShimGroup = Prefix + "shim-group"
 	// LabelShimGroupLeader marks the sandbox record (containerd's sandbox
 	// store) that joins a fork call's forks to their group's running shim
@@ -38,8 +39,9 @@ const (
 	// snapshot's, a root starts its own.
 	AnnotationFamily = Prefix + "family"
 	// AnnotationShimGroup puts forks that carry the same value into one shim
-	// process, never their parent's (the client sets it per batch of forks:
-	// FAMILY-SNAPSHOT-K), so a dying shim takes down at most one batch.
+	// process, never their parent's (the client names each group of at most
+	// its group size of a family's forks, FAMILY-SNAPSHOT-K of the call that
+	// started it), so a dying shim takes down at most one group.
 	AnnotationShimGroup = Prefix + "shim-group"
 	// AnnotationForkable is a container's (in Kubernetes: a pod's) opt-in to
 	// being forked by a pod through AnnotationForkOf; only pods of its own

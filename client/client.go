@@ -35,7 +35,7 @@ type Client struct {
 	maxForks int
 	// restoreTimeout bounds each fork's task create + start.
 	restoreTimeout time.Duration
-	// groupSize is how many forks of one call share a shim process.
+	// groupSize is how many forks of a family share a shim process.
 	groupSize int
 	// noShimJoin starts every fork's shim through the shim binary
 	// (WithShimJoin(false)).
@@ -76,8 +76,10 @@ func WithMaxForks(n int) Opt { return func(c *Client) { c.maxForks = n } }
 // (default DefaultRestoreTimeout); a fork past it is removed.
 func WithRestoreTimeout(d time.Duration) Opt { return func(c *Client) { c.restoreTimeout = d } }
 
-// WithShimGroupSize sets how many forks of one call share a shim process
-// (default DefaultShimGroupSize): a shim that dies takes only its group.
+// WithShimGroupSize sets how many forks of a family share a shim process
+// (default DefaultShimGroupSize): a shim that dies takes only its group. A
+// call's forks fill a shim an earlier call's forks of the family run in when
+// it has room for them (1: every fork a shim of its own).
 func WithShimGroupSize(n int) Opt { return func(c *Client) { c.groupSize = n } }
 
 // WithShimJoin(false) has containerd run the shim binary for every fork's
@@ -89,9 +91,10 @@ func WithShimJoin(on bool) Opt { return func(c *Client) { c.noShimJoin = !on } }
 // DefaultRestoreTimeout bounds a fork's restore unless WithRestoreTimeout.
 const DefaultRestoreTimeout = 2 * time.Minute
 
-// DefaultShimGroupSize is how many forks of one call share a shim process:
+// DefaultShimGroupSize is how many forks of a family share a shim process:
 // a shim holds 7-10 MB (PSS) of its own, and one that dies takes its group
-// (never the parent, which has a shim of its own). 100 forks run on two.
+// (never the parent, which has a shim of its own). 100 forks run on two,
+// whether made at once or one a call.
 const DefaultShimGroupSize = 50
 
 // New returns a LazyFork client on top of a containerd client; the caller keeps

@@ -45,9 +45,10 @@
 //     (api.LabelParent, ...), runtime api.RuntimeName, and a rootfs made of a fresh snapshot on the
 //     parent's image plus a copy of the frozen writable layer. Its task is
 //     restored from the snapshot directory (WithRestoreImagePath), mapping the
-//     memory files copy-on-write. Forks share shims by groups (WithShimGroup);
-//     after a group's first fork started its shim, the others join it without
-//     containerd running the shim binary for each (shimjoin.go, WithShimJoin).
+//     memory files copy-on-write. Forks share shims by groups (WithShimGroup)
+//     of the family's forks, filling a shim an earlier call started while it
+//     has room; a fork joins its group's running shim without containerd
+//     running the shim binary for it (shimjoin.go, WithShimJoin).
 //  6. Unless KeepSnapshot is given, the snapshot directory is removed once the
 //     forks run: the forks hold their own references on the memory files.
 //

@@ -85,8 +85,8 @@ func WithParallel(n int) ForkOpt { return func(c *forkConfig) { c.parallel = n }
 // restore (task create -> running) takes about 1 s instead of 3.
 func DefaultParallel() int { return 16 * runtime.NumCPU() }
 
-// WithShimGroup sets how many forks of this call share a shim process
-// (default: the client's, see WithShimGroupSize).
+// WithShimGroup sets how many forks of the family this call's forks share a
+// shim process with (default: the client's, see WithShimGroupSize).
 func WithShimGroup(n int) ForkOpt { return func(c *forkConfig) { c.groupSize = n } }
 
 // WithMax bounds the forks of this call (default: the client's, see
@@ -536,7 +536,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 	}
 	groupSize := max(cfg.groupSize, 1)
 	groupName := func(k int) string { return fmt.Sprintf("%s-%s-%d", family, filepath.Base(filepath.Dir(imageDir)), k) }
-	joins := c.shimJoins(ctx, ids, groupSize, groupName, imageDir, info.Runtime.Name, spec.Annotations, cfg)
+	groups, joins := c.shimGroups(ctx, ids, groupSize, groupName, family, info, spec.Annotations, cfg)
 	defer c.closeGroupSandboxes(ctx, joins)
 	var first sync.Once
 	var wg sync.WaitGroup
@@ -586,7 +586,7 @@ func (c *Client) restoreForks(ctx context.Context, parentID string, info contain
 				}
 			}()
 			cfg.step(ids[i], StepQueued)
-			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, specJSON, family, groupName(i/groupSize), imageDir, base, join, cfg)
+			forks[i], errs[i] = c.restoreFork(ctx, ids[i], parentID, info, specJSON, family, groups[i/groupSize], imageDir, base, join, cfg)
 			if errs[i] == nil {
 				first.Do(func() { errs[i] = failpoint(ctx, FailAfterFirstFork) })
 			}

@@ -9,6 +9,7 @@ import (
 
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/sandbox"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -23,13 +24,14 @@ import (
 // a task whose container names a sandbox of its sandbox store: it connects the
 // task to the shim serving the task whose id is the sandbox's
 // (core/runtime/v2 ShimManager.Start reads that task's bootstrap.json). So
-// each shim group of a call has a leader: a fork of the group that a call
-// before this one restored and whose task runs (a kept snapshot restored
-// again), else the group's first fork, which starts the group's shim as ever.
+// each shim group of a call has a leader: a fork of the family whose shim
+// the group fills (an earlier call's, shimGroups), else the group's first
+// fork, which starts the group's shim as ever.
 // The client records a sandbox named after the leader, only while the call
 // creates its tasks, and the group's other forks name it as their sandbox.
 // A join that fails (the leader's shim went) takes the usual path
-// (restoreFork). Nothing else reads the record: containerd's task create only
+// (restoreFork): the group's name then picks its shim, a new one if none
+// serves it. Nothing else reads the record: containerd's task create only
 // looks it up, and a later task create of such a fork, the record gone, runs
 // the shim binary as for any container (containerd logs that it did not find
 // the sandbox). A call that dies leaves the record to Reconcile, which finds
@@ -134,60 +136,139 @@ type forkJoin struct {
 	created func()
 }
 
-// shimJoins gives each shim group of ids its join, nil for a group on the
-// usual path (every group with cfg.shimJoin off). A group whose shim already
-// serves a fork (a call before this one restored the same snapshot) joins
-// that fork's shim: it leads, and every fork of this call's group follows. A
-// group of this call with more than one fork and no such shim is led by its
-// first fork, which starts the group's shim.
-func (c *Client) shimJoins(ctx context.Context, ids []string, groupSize int, groupName func(k int) string,
-	imageDir, runtime string, parentAnnotations map[string]string, cfg *forkConfig) []*shimJoin {
-	joins := make([]*shimJoin, (len(ids)+groupSize-1)/groupSize)
-	if !cfg.shimJoin || !joinable(runtime, parentAnnotations) {
-		return joins
+// shimGroups names the shim group of each groupSize forks of ids and gives
+// its join (nil: the group's forks start their shim the usual way, every
+// group with cfg.shimJoin off). A family's forks share shims across calls: a
+// group whose forks all fit into a shim group of the family that serves
+// forks already (a call before this one made it, of this snapshot or
+// another) takes that group's name, so its forks run in that shim, and joins
+// one of its forks, which leads. Otherwise the group gets a name of its own
+// (base), and its first fork starts its shim and leads the others. The
+// parent's group is never picked: a shim that dies must not take a parent
+// with its forks. Only where LazyFork's annotation picks the shim (joinable)
+// does a name pick it; elsewhere each group keeps its base name.
+func (c *Client) shimGroups(ctx context.Context, ids []string, groupSize int, base func(k int) string,
+	family string, parent containers.Container, parentAnnotations map[string]string, cfg *forkConfig) ([]string, []*shimJoin) {
+	sizes := make([]int, (len(ids)+groupSize-1)/groupSize)
+	for k := range sizes {
+		sizes[k] = min(len(ids), (k+1)*groupSize) - k*groupSize
 	}
-	for k := range joins {
-		// Only a kept snapshot's groups can have forks already.
-		if cfg.keptSnapshot {
-			if leader := c.groupShimTask(ctx, groupName(k), imageDir); leader != "" {
-				j := &shimJoin{leader: leader, ready: make(chan struct{})}
-				j.open(ctx, c, runtime, cfg.op)
+	names := make([]string, len(sizes))
+	joins := make([]*shimJoin, len(sizes))
+	if !joinable(parent.Runtime.Name, parentAnnotations) {
+		for k := range names {
+			names[k] = base(k)
+		}
+		return names, joins
+	}
+	groups, taken := c.familyGroups(ctx, family, parent)
+	for k, g := range fillGroups(sizes, groupSize, groups) {
+		if g != nil {
+			names[k] = g.name
+			if cfg.shimJoin {
+				j := &shimJoin{leader: g.leader, ready: make(chan struct{})}
+				j.open(ctx, c, parent.Runtime.Name, cfg.op)
 				j.release(true)
 				joins[k] = j
-				continue
 			}
+			continue
 		}
-		if min(len(ids), (k+1)*groupSize)-k*groupSize > 1 {
+		names[k] = freshGroupName(base(k), taken)
+		if cfg.shimJoin && sizes[k] > 1 {
 			joins[k] = &shimJoin{leader: ids[k*groupSize], ready: make(chan struct{})}
 		}
 	}
-	return joins
+	return names, joins
 }
 
-// groupShimTask is a fork of snapshot imageDir in shim group group whose
-// task is alive (so its shim serves the group), "" if there is none or
-// containerd does not say.
-func (c *Client) groupShimTask(ctx context.Context, group, imageDir string) string {
-	ctrs, err := c.cd.ContainerService().List(ctx, fmt.Sprintf("labels.%q==%q,labels.%q==%q",
-		api.LabelShimGroup, group, api.LabelSnapshot, imageDir))
+// familyGroup is a shim group of a family that serves forks: alive of them
+// have a task, leader is one.
+type familyGroup struct {
+	name, leader string
+	alive        int
+}
+
+// familyGroups lists the family's shim groups whose shim serves forks
+// (other than the parent's group), and every group name its forks carry
+// (taken, alive or not). If containerd does not say, there are none: the
+// call's groups start shims of their own.
+func (c *Client) familyGroups(ctx context.Context, family string, parent containers.Container) ([]familyGroup, map[string]bool) {
+	taken := map[string]bool{}
+	if family == "" {
+		return nil, taken
+	}
+	ctrs, err := c.cd.ContainerService().List(ctx, fmt.Sprintf("labels.%q==%q", api.LabelFamily, family))
 	if err != nil {
-		log.G(ctx).WithError(err).WithField("group", group).Debug("lazyfork: list the shim group's forks")
-		return ""
+		log.G(ctx).WithError(err).WithField("family", family).Debug("lazyfork: list the family's forks")
+		return nil, taken
 	}
 	for _, ctr := range ctrs {
-		if ctr.Runtime.Name != api.RuntimeName {
-			continue
-		}
-		resp, err := c.cd.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: ctr.ID})
-		if err != nil {
-			continue
-		}
-		switch resp.GetProcess().GetStatus() {
-		case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING, tasktypes.Status_CREATED:
-			return ctr.ID
+		if g := ctr.Labels[api.LabelShimGroup]; g != "" {
+			taken[g] = true
 		}
 	}
-	return ""
+	resp, err := c.cd.TaskService().List(ctx, &tasks.ListTasksRequest{})
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("family", family).Debug("lazyfork: list the tasks")
+		return nil, taken
+	}
+	alive := map[string]bool{}
+	for _, t := range resp.GetTasks() {
+		switch t.GetStatus() {
+		case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING, tasktypes.Status_CREATED:
+			alive[t.GetID()] = true
+		}
+	}
+	parentGroup := parent.Labels[api.LabelShimGroup]
+	index := map[string]int{}
+	var groups []familyGroup
+	for _, ctr := range ctrs {
+		g := ctr.Labels[api.LabelShimGroup]
+		if g == "" || g == parentGroup || ctr.ID == parent.ID || ctr.Runtime.Name != api.RuntimeName || !alive[ctr.ID] {
+			continue
+		}
+		if i, ok := index[g]; ok {
+			groups[i].alive++
+			continue
+		}
+		index[g] = len(groups)
+		groups = append(groups, familyGroup{name: g, leader: ctr.ID, alive: 1})
+	}
+	return groups, taken
+}
+
+// fillGroups picks for each of a call's groups (sizes, in order) the family
+// group whose shim its forks join: the fullest that still has room for all
+// of them within groupSize, each at most once; nil where none has (a new
+// shim).
+func fillGroups(sizes []int, groupSize int, groups []familyGroup) []*familyGroup {
+	picks := make([]*familyGroup, len(sizes))
+	used := make([]bool, len(groups))
+	for k, m := range sizes {
+		best := -1
+		for i, g := range groups {
+			if !used[i] && g.alive+m <= groupSize && (best < 0 || g.alive > groups[best].alive) {
+				best = i
+			}
+		}
+		if best >= 0 {
+			used[best] = true
+			picks[k] = &groups[best]
+		}
+	}
+	return picks
+}
+
+// freshGroupName is base, or base with the first suffix -2, -3, ... that no
+// fork of the family carries: a kept snapshot restored again names its
+// groups as before, and a full one must not send new forks to its shim.
+func freshGroupName(base string, taken map[string]bool) string {
+	name := base
+	for i := 2; taken[name]; i++ {
+		name = fmt.Sprintf("%s-%d", base, i)
+	}
+	taken[name] = true
+	return name
 }
 
 // open records the group's sandbox (the leader's goroutine, before its

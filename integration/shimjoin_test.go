@@ -174,3 +174,83 @@ func counterIDs(cs []*counter) []string {
 	}
 	return ids
 }
+
+// TestForkCallsShareFamilyShims: successive calls forking a running parent
+// (a new snapshot each) fill the family's shims up to the group size, as
+// agents forking one at a time do, instead of starting a shim per call. The
+// second call's fork joins the first's shim (no shim start); the third finds
+// it full and starts one; a fork of a fork joins a shim of the family but
+// never its own parent's. Killing the first shim takes its two forks only.
+func TestForkCallsShareFamilyShims(t *testing.T) {
+	e, ctx, img := startLFPython(t)
+	parent := e.startCounter(t, ctx, img, "par-"+lfRandom(4), 64)
+	lf := lfclient.New(e.Client(), lfclient.WithRoot(e.Root), lfclient.WithShimGroupSize(2))
+	var family string
+	forkOne := func(p *counter) (*counter, string) {
+		t.Helper()
+		res, err := lf.Fork(ctx, p.id, 1, e.logIO())
+		if err != nil {
+			t.Fatal(err)
+		}
+		family = res.Family
+		f := e.forks(res)[0]
+		checkContinues(t, ctx, p, f)
+		e.noSandboxRecord(t, ctx, "")
+		info, err := res.Forks[0].Container.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f, info.Labels[api.LabelShimGroup]
+	}
+	sandbox := func(f *counter) string { return e.bundleFile(t, f.id, "sandbox") }
+
+	a, groupA := forkOne(parent)
+	if _, ok := shimsByID(e.Address)[a.id]; !ok || sandbox(a) != "" {
+		t.Fatalf("the family's first fork %s: sandbox %q, shims %v, want a shim started for it", a.id, sandbox(a), shimsByID(e.Address))
+	}
+	shims := len(shimsByID(e.Address))
+	b, groupB := forkOne(parent)
+	if sandbox(b) != a.id || groupB != groupA {
+		t.Errorf("the second call's fork %s: sandbox %q, group %q; want it to join %s's shim (group %q)", b.id, sandbox(b), groupB, a.id, groupA)
+	}
+	if n := len(shimsByID(e.Address)); n != shims {
+		t.Errorf("the second call started a shim: %d before, %d after", shims, n)
+	}
+	c, groupC := forkOne(parent)
+	if _, ok := shimsByID(e.Address)[c.id]; !ok || sandbox(c) != "" || groupC == groupA {
+		t.Errorf("the third call's fork %s (group %q, sandbox %q): want a shim of its own, %q holding two already", c.id, groupC, sandbox(c), groupA)
+	}
+	// A fork of b: never into b's shim, into c's, which has room.
+	d, groupD := forkOne(b)
+	if sandbox(d) != c.id || groupD != groupC {
+		t.Errorf("fork %s of fork %s: sandbox %q, group %q; want %s's shim (group %q), not its parent's (%q)", d.id, b.id, sandbox(d), groupD, c.id, groupC, groupB)
+	}
+
+	// The first shim dies: a and b with it, c, d and the parent run on.
+	if err := syscall.Kill(shimsByID(e.Address)[a.id], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*counter{a, b} {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			st, err := f.task.Status(ctx)
+			if err != nil || st.Status != containerd.Running {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still runs after its shim was killed", f.id)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for _, f := range []*counter{c, d, parent} {
+		f.waitLine(t, ctx, len(f.lines(t)), "tick ")
+	}
+	ids := counterIDs([]*counter{a, b, c, d})
+	for _, id := range ids {
+		if err := lf.Delete(ctx, id); err != nil {
+			t.Errorf("delete %s: %v", id, err)
+		}
+	}
+	e.assertNothingLeft(t, ctx, parent.id, family, ids)
+}

@@ -39,7 +39,7 @@ A stopped container (lazyfork stop) forks from its snapshot.`,
 			fs.StringVar(&name, "name", "", "name (and id) of the copy; with --count N > 1: NAME-1 ... NAME-N")
 			fs.IntVar(&maxForks, "max", 0, fmt.Sprintf("most copies one call may make (default %d, or $LAZYFORK_MAX_FORKS)", client.DefaultMaxForks))
 			fs.DurationVar(&timeout, "timeout", client.DefaultRestoreTimeout, "bound on each copy's restore; a copy past it is removed and the fork fails")
-			fs.IntVar(&shimGroup, "shim-group", client.DefaultShimGroupSize, "copies that share a shim process (each shim costs 7-10 MB; one that dies takes its group)")
+			fs.IntVar(&shimGroup, "shim-group", client.DefaultShimGroupSize, "copies of the family that share a shim process, this call's and earlier ones' (each shim costs 7-10 MB; one that dies takes its group; 1: a shim each)")
 		},
 		run: func(a *app, fs *pflag.FlagSet, pos, _ []string) error {
 			if err := needArgs(pos, 1, "NAME"); err != nil {
