@@ -41,8 +41,21 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds of -many-only")
 	debug := flag.Bool("debug", false, "containerd at debug level (its log is kept)")
 	join := flag.Bool("shim-join", true, "a shim group's forks join the shim its first fork started, without a `shim start` each (client.WithShimJoin)")
+	calls := flag.Bool("calls-only", false, "only -forks forks of the first -heaps size made one a call, each from a new snapshot of the running parent (nothing written)")
+	group := flag.Int("shim-group", lfclient.DefaultShimGroupSize, "forks of a family per shim (client.WithShimGroupSize; 1: a shim each, as one-fork calls had before they shared)")
 	flag.Parse()
-	clientOpts = append(clientOpts, lfclient.WithShimJoin(*join))
+	clientOpts = append(clientOpts, lfclient.WithShimJoin(*join), lfclient.WithShimGroupSize(*group))
+	if *calls {
+		h, err := strconv.Atoi(strings.Split(*heaps, ",")[0])
+		if err == nil {
+			err = runCallsOnly(h, *forks)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench-fork:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *many {
 		h, err := strconv.Atoi(strings.Split(*heaps, ",")[0])
 		if err == nil {
