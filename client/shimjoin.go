@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -162,7 +163,7 @@ func (c *Client) shimGroups(ctx context.Context, ids []string, groupSize int, ba
 		return names, joins
 	}
 	groups, taken := c.familyGroups(ctx, family, parent)
-	for k, g := range fillGroups(sizes, groupSize, groups) {
+	for k, g := range c.pickGroups(ctx, sizes, groupSize, groups) {
 		if g != nil {
 			names[k] = g.name
 			if cfg.shimJoin {
@@ -181,17 +182,20 @@ func (c *Client) shimGroups(ctx context.Context, ids []string, groupSize int, ba
 	return names, joins
 }
 
-// familyGroup is a shim group of a family that serves forks: alive of them
-// have a task, leader is one.
+// familyGroup is a shim group of a family: the forks that carry its name
+// (members; its shim serves those alive) and, once looked up, one whose task
+// is alive (leader).
 type familyGroup struct {
-	name, leader string
-	alive        int
+	name    string
+	members []string
+	leader  string
 }
 
-// familyGroups lists the family's shim groups whose shim serves forks
-// (other than the parent's group), and every group name its forks carry
-// (taken, alive or not). If containerd does not say, there are none: the
-// call's groups start shims of their own.
+// familyGroups lists the family's shim groups other than the parent's, and
+// every group name its forks carry (taken). It reads container records only:
+// a task list would ask every shim of the namespace for its state. If
+// containerd does not say, there are none: the call's groups start shims of
+// their own.
 func (c *Client) familyGroups(ctx context.Context, family string, parent containers.Container) ([]familyGroup, map[string]bool) {
 	taken := map[string]bool{}
 	if family == "" {
@@ -202,52 +206,79 @@ func (c *Client) familyGroups(ctx context.Context, family string, parent contain
 		log.G(ctx).WithError(err).WithField("family", family).Debug("lazyfork: list the family's forks")
 		return nil, taken
 	}
-	for _, ctr := range ctrs {
-		if g := ctr.Labels[api.LabelShimGroup]; g != "" {
-			taken[g] = true
-		}
-	}
-	resp, err := c.cd.TaskService().List(ctx, &tasks.ListTasksRequest{})
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("family", family).Debug("lazyfork: list the tasks")
-		return nil, taken
-	}
-	alive := map[string]bool{}
-	for _, t := range resp.GetTasks() {
-		switch t.GetStatus() {
-		case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING, tasktypes.Status_CREATED:
-			alive[t.GetID()] = true
-		}
-	}
 	parentGroup := parent.Labels[api.LabelShimGroup]
 	index := map[string]int{}
 	var groups []familyGroup
 	for _, ctr := range ctrs {
 		g := ctr.Labels[api.LabelShimGroup]
-		if g == "" || g == parentGroup || ctr.ID == parent.ID || ctr.Runtime.Name != api.RuntimeName || !alive[ctr.ID] {
+		if g == "" {
 			continue
 		}
-		if i, ok := index[g]; ok {
-			groups[i].alive++
+		taken[g] = true
+		if g == parentGroup || ctr.ID == parent.ID || ctr.Runtime.Name != api.RuntimeName {
 			continue
 		}
-		index[g] = len(groups)
-		groups = append(groups, familyGroup{name: g, leader: ctr.ID, alive: 1})
+		i, ok := index[g]
+		if !ok {
+			i = len(groups)
+			index[g] = i
+			groups = append(groups, familyGroup{name: g})
+		}
+		groups[i].members = append(groups[i].members, ctr.ID)
 	}
 	return groups, taken
 }
 
+// pickGroups is fillGroups over the family's groups that have a fork whose
+// task is alive (its shim serves the group), looked up only for the groups
+// fillGroups picks: a group whose forks are all gone is dropped and the
+// picks made again.
+func (c *Client) pickGroups(ctx context.Context, sizes []int, groupSize int, groups []familyGroup) []*familyGroup {
+	for {
+		picks := fillGroups(sizes, groupSize, groups)
+		dead := -1
+		for _, g := range picks {
+			if g != nil && g.leader == "" {
+				if g.leader = c.liveTask(ctx, g.members); g.leader == "" {
+					dead = slices.IndexFunc(groups, func(o familyGroup) bool { return o.name == g.name })
+					break
+				}
+			}
+		}
+		if dead < 0 {
+			return picks
+		}
+		groups = slices.Delete(groups, dead, dead+1)
+	}
+}
+
+// liveTask is the first of ids whose task is alive, "" if none is or
+// containerd does not say.
+func (c *Client) liveTask(ctx context.Context, ids []string) string {
+	for _, id := range ids {
+		resp, err := c.cd.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: id})
+		if err != nil {
+			continue
+		}
+		switch resp.GetProcess().GetStatus() {
+		case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING, tasktypes.Status_CREATED:
+			return id
+		}
+	}
+	return ""
+}
+
 // fillGroups picks for each of a call's groups (sizes, in order) the family
 // group whose shim its forks join: the fullest that still has room for all
-// of them within groupSize, each at most once; nil where none has (a new
-// shim).
+// of them within groupSize (every fork that carries its name counted, alive
+// or not), each at most once; nil where none has (a new shim).
 func fillGroups(sizes []int, groupSize int, groups []familyGroup) []*familyGroup {
 	picks := make([]*familyGroup, len(sizes))
 	used := make([]bool, len(groups))
 	for k, m := range sizes {
 		best := -1
 		for i, g := range groups {
-			if !used[i] && g.alive+m <= groupSize && (best < 0 || g.alive > groups[best].alive) {
+			if !used[i] && len(g.members)+m <= groupSize && (best < 0 || len(g.members) > len(groups[best].members)) {
 				best = i
 			}
 		}

@@ -8,7 +8,8 @@ import (
 // TestFillGroups: a call's groups fill the fullest family groups that hold
 // all of their forks, each group once; the rest start shims of their own.
 func TestFillGroups(t *testing.T) {
-	groups := []familyGroup{{name: "a", alive: 3}, {name: "b", alive: 49}, {name: "c", alive: 10}, {name: "d", alive: 50}}
+	forks := func(n int) []string { return make([]string, n) }
+	groups := []familyGroup{{name: "a", members: forks(3)}, {name: "b", members: forks(49)}, {name: "c", members: forks(10)}, {name: "d", members: forks(50)}}
 	for _, tc := range []struct {
 		name  string
 		sizes []int

@@ -180,15 +180,16 @@ func counterIDs(cs []*counter) []string {
 // agents forking one at a time do, instead of starting a shim per call. The
 // second call's fork joins the first's shim (no shim start); the third finds
 // it full and starts one; a fork of a fork joins a shim of the family but
-// never its own parent's. Killing the first shim takes its two forks only.
+// never its own parent's. Killing the first shim takes its two forks only,
+// and a later call passes their group by.
 func TestForkCallsShareFamilyShims(t *testing.T) {
 	e, ctx, img := startLFPython(t)
 	parent := e.startCounter(t, ctx, img, "par-"+lfRandom(4), 64)
 	lf := lfclient.New(e.Client(), lfclient.WithRoot(e.Root), lfclient.WithShimGroupSize(2))
 	var family string
-	forkOne := func(p *counter) (*counter, string) {
+	forkOne := func(p *counter, opts ...lfclient.ForkOpt) (*counter, string) {
 		t.Helper()
-		res, err := lf.Fork(ctx, p.id, 1, e.logIO())
+		res, err := lf.Fork(ctx, p.id, 1, append(opts, e.logIO())...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,11 +247,20 @@ func TestForkCallsShareFamilyShims(t *testing.T) {
 	for _, f := range []*counter{c, d, parent} {
 		f.waitLine(t, ctx, len(f.lines(t)), "tick ")
 	}
-	ids := counterIDs([]*counter{a, b, c, d})
+	// a and b's group, the fullest, has no live fork left: a call in groups
+	// of three passes it by for c's.
+	if err := lf.Delete(ctx, d.id); err != nil {
+		t.Fatal(err)
+	}
+	f, groupF := forkOne(parent, lfclient.WithShimGroup(3))
+	if sandbox(f) != c.id || groupF != groupC {
+		t.Errorf("fork %s after %s's shim died: sandbox %q, group %q; want %s's shim (group %q)", f.id, a.id, sandbox(f), groupF, c.id, groupC)
+	}
+	ids := counterIDs([]*counter{a, b, c, f})
 	for _, id := range ids {
 		if err := lf.Delete(ctx, id); err != nil {
 			t.Errorf("delete %s: %v", id, err)
 		}
 	}
-	e.assertNothingLeft(t, ctx, parent.id, family, ids)
+	e.assertNothingLeft(t, ctx, parent.id, family, append(ids, d.id))
 }
