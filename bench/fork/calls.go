@@ -18,11 +18,7 @@ import (
 // -> running), the call's wall time and the shims serving the stack; at the
 // end, the shims' PSS and each fork's memory with its share of them.
 func runCallsOnly(heapMiB, n int) error {
-	repo, err := harness.RepoRoot()
-	if err != nil {
-		return err
-	}
-	bin, cleanupBin, err := binaries(repo)
+	bin, cleanupBin, err := repoBinaries()
 	if err != nil {
 		return err
 	}

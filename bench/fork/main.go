@@ -162,11 +162,7 @@ func run(heapList string, nForks, plainMax int, outDir string) error {
 
 // runBreakdownOnly measures the floors and one fork's phases.
 func runBreakdownOnly() error {
-	repo, err := harness.RepoRoot()
-	if err != nil {
-		return err
-	}
-	bin, cleanupBin, err := binaries(repo)
+	bin, cleanupBin, err := repoBinaries()
 	if err != nil {
 		return err
 	}
@@ -187,6 +183,15 @@ func runBreakdownOnly() error {
 	}
 	bd.print(os.Stdout, fl)
 	return nil
+}
+
+// repoBinaries is binaries for this source tree.
+func repoBinaries() (string, func(), error) {
+	repo, err := harness.RepoRoot()
+	if err != nil {
+		return "", nil, err
+	}
+	return binaries(repo)
 }
 
 // binaries returns a directory with the shim (containerd-shim-lazyfork-v1 and

@@ -24,11 +24,7 @@ import (
 // kept, then rounds of n forks restored at once from it (each round removed
 // before the next), with each fork's steps (client.WithStepTrace) summed up.
 func runManyOnly(heapMiB, n, rounds int, debug bool) error {
-	repo, err := harness.RepoRoot()
-	if err != nil {
-		return err
-	}
-	bin, cleanupBin, err := binaries(repo)
+	bin, cleanupBin, err := repoBinaries()
 	if err != nil {
 		return err
 	}
