@@ -39,14 +39,18 @@ func runCallsOnly(heapMiB, n int) error {
 	var ctrs []containerd.Container
 	defer func() { b.removeAll(context.WithoutCancel(ctx), ctrs) }()
 	var restores, walls []time.Duration
+	rec := newStepRecorder()
+	rec.begun = map[string]time.Time{}
+	var t0 time.Time
 	fmt.Printf("call  restore_ms  wall_ms  shims\n")
 	for i := range n {
-		t0 := time.Now()
-		res, err := b.lf.Fork(ctx, parent.ID, 1, b.logIO())
+		t0 = time.Now()
+		res, err := b.lf.Fork(ctx, parent.ID, 1, append(rec.opts(), b.logIO())...)
 		wall := time.Since(t0)
 		if err != nil {
 			return fmt.Errorf("call %d: %w", i+1, err)
 		}
+		rec.begun[res.Forks[0].Container.ID()] = t0
 		ctrs = append(ctrs, res.Forks[0].Container)
 		restores = append(restores, res.Restore)
 		walls = append(walls, wall)
@@ -56,6 +60,8 @@ func runCallsOnly(heapMiB, n int) error {
 	fmt.Printf("restore: first %.1f ms; calls 2-%d median %.1f ms, worst %.1f ms\n",
 		ms(restores[0]), n, ms(report.Median(restores[1:])), ms(report.Max(restores[1:])))
 	fmt.Printf("call wall: median %.1f ms, worst %.1f ms\n", ms(report.Median(walls)), ms(report.Max(walls)))
+	fmt.Printf("each fork's steps, from its call's start (d: from the step before; s):\n")
+	rec.print(os.Stdout, t0)
 	nShims, shims, _ := b.env.ShimMemory()
 	share := float64(shims.Pss) / float64(n+1) // the parent's shim counted with the forks'
 	var mems []float64

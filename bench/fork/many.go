@@ -136,6 +136,9 @@ func loadavg() string {
 type stepRecorder struct {
 	mu    sync.Mutex
 	steps map[string]map[lfclient.ForkStep]time.Time
+	// begun is when each fork's call began, where the forks' calls differ
+	// (print's t0 otherwise).
+	begun map[string]time.Time
 }
 
 func newStepRecorder() *stepRecorder {
@@ -156,9 +159,9 @@ func (r *stepRecorder) opts() []lfclient.ForkOpt {
 var stepOrder = []lfclient.ForkStep{lfclient.StepQueued, lfclient.StepRootfs, lfclient.StepContainer,
 	lfclient.StepCreate, lfclient.StepStart, lfclient.StepDone}
 
-// print gives, per step, when the forks finished it (since t0: first,
-// median, last) and how long it took them (from the step before: median,
-// max, sum).
+// print gives, per step, when the forks finished it (since t0, or since
+// their call began: first, median, last) and how long it took them (from
+// the step before: median, max, sum).
 func (r *stepRecorder) print(w io.Writer, t0 time.Time) {
 	if len(r.steps) == 0 {
 		return
@@ -167,13 +170,17 @@ func (r *stepRecorder) print(w io.Writer, t0 time.Time) {
 	for i, s := range stepOrder {
 		var at, d []time.Duration
 		var sum time.Duration
-		for _, m := range r.steps {
+		for id, m := range r.steps {
 			t, ok := m[s]
 			if !ok {
 				continue
 			}
-			at = append(at, t.Sub(t0))
-			prev := t0
+			start := t0
+			if b, ok := r.begun[id]; ok {
+				start = b
+			}
+			at = append(at, t.Sub(start))
+			prev := start
 			if i > 0 {
 				prev = m[stepOrder[i-1]]
 			}
