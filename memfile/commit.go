@@ -99,7 +99,7 @@ func (s *Store) commitRewrite(ctx context.Context, d *dump, mf *memFile, st *sta
 	if holder == "" {
 		holder = HolderSnapshot + d.dir
 	}
-	if err := s.refLocked(d.opts.Family, holder, st.info.Files); err != nil {
+	if err := s.refLocked(d.opts.Family, holder, "", st.info.Files); err != nil {
 		return err
 	}
 	// Every directory the swap touches must agree with the holder record

@@ -78,7 +78,7 @@ func (p *PendingFile) Publish(holder string) error {
 		return err
 	}
 	p.path = final
-	if err := p.store.refLocked(p.family, holder, []string{p.name}); err != nil {
+	if err := p.store.refLocked(p.family, holder, "", []string{p.name}); err != nil {
 		os.Rename(final, filepath.Join(filepath.Dir(final), tmpPrefix+p.name))
 		return err
 	}

@@ -160,8 +160,11 @@ type holderRecord struct {
 	Files  []string `json:"files"`
 	// PIDStart is the start time (clock ticks after boot) of a "pid:" holder's
 	// process, so a recycled PID does not keep files alive.
-	PIDStart uint64    `json:"pid_start,omitempty"`
-	Updated  time.Time `json:"updated"`
+	PIDStart uint64 `json:"pid_start,omitempty"`
+	// Bundle is the task bundle of a "container:" holder (RefBundle): the
+	// holder is dead once that directory is gone from its task root.
+	Bundle  string    `json:"bundle,omitempty"`
+	Updated time.Time `json:"updated"`
 }
 
 func (s *Store) refPath(family, holder string) string {
@@ -170,10 +173,12 @@ func (s *Store) refPath(family, holder string) string {
 }
 
 // Holder kinds with a liveness check; any other holder (e.g.
-// "container:<ns>/<id>") lives until Unref.
+// "container:<ns>/<id>") lives until Unref, or, referenced with RefBundle,
+// until its task's bundle is gone.
 const (
-	HolderSnapshot = "snapshot:" // + image dir: dead once its lazyfork.json is gone
-	HolderPID      = "pid:"      // + host PID: dead once that process is gone
+	HolderSnapshot  = "snapshot:"  // + image dir: dead once its lazyfork.json is gone
+	HolderPID       = "pid:"       // + host PID: dead once that process is gone
+	HolderContainer = "container:" // + namespace/id: a container's task (RefBundle)
 )
 
 // Ref records that holder pins files (base names in the family directory).
@@ -187,10 +192,38 @@ func (s *Store) Ref(family, holder string, files []string) error {
 		return err
 	}
 	defer unlock()
-	return s.refLocked(family, holder, files)
+	return s.refLocked(family, holder, "", files)
 }
 
-func (s *Store) refLocked(family, holder string, files []string) error {
+// RefBundle is Ref for a container's task (HolderContainer + namespace/id)
+// whose bundle is the absolute directory bundle: the reference, and the
+// container's view (ViewName), last until Unref, or until GC finds the
+// bundle gone. A task whose shim died while creating it may have had no
+// delete that dropped them: containerd runs the shim binary's delete in the
+// bundle as the failed create removes it.
+func (s *Store) RefBundle(family, holder, bundle string, files []string) error {
+	if _, ok := containerOf(holder); !ok || !filepath.IsAbs(bundle) {
+		return fmt.Errorf("ref %q in bundle %q: want a container holder and an absolute bundle: %w", holder, bundle, errdefs.ErrInvalidArgument)
+	}
+	unlock, err := s.lockFamily(family)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.refLocked(family, holder, bundle, files)
+}
+
+// containerOf is the view of a HolderContainer holder.
+func containerOf(holder string) (view string, ok bool) {
+	nsid, ok := strings.CutPrefix(holder, HolderContainer)
+	ns, id, found := strings.Cut(nsid, "/")
+	if !ok || !found || ns == "" || id == "" || strings.Contains(id, "/") {
+		return "", false
+	}
+	return ViewName(ns, id), true
+}
+
+func (s *Store) refLocked(family, holder, bundle string, files []string) error {
 	dir := filepath.Join(s.root, family)
 	for _, f := range files {
 		if err := checkFileName(f); err != nil {
@@ -203,6 +236,9 @@ func (s *Store) refLocked(family, holder string, files []string) error {
 	rec := holderRecord{Holder: holder}
 	if old, err := readRecord(s.refPath(family, holder)); err == nil && old.Holder == holder {
 		rec = *old
+	}
+	if bundle != "" {
+		rec.Bundle = bundle
 	}
 	if pidStr, ok := strings.CutPrefix(holder, HolderPID); ok {
 		pid, err := strconv.Atoi(pidStr)
@@ -311,6 +347,16 @@ func (s *Store) alive(family string, r *holderRecord) bool {
 		}
 		start, err := pidStartTime(pid)
 		return err == nil && start == r.PIDStart
+	case r.Bundle != "":
+		// Dead only where the task root holding the bundle (containerd's
+		// <state>/io.containerd.runtime.v2.task) is seen without it: a
+		// process that does not see containerd's state (another mount
+		// namespace) must not take every task for gone.
+		if _, err := os.Stat(filepath.Dir(filepath.Dir(r.Bundle))); err != nil {
+			return true
+		}
+		_, err := os.Stat(r.Bundle)
+		return !errors.Is(err, os.ErrNotExist)
 	}
 	return true
 }
@@ -386,6 +432,14 @@ func (s *Store) gcLocked(ctx context.Context, family string) ([]string, error) {
 	for path, r := range recs {
 		if !s.alive(family, r) {
 			log.G(ctx).WithField("family", family).WithField("holder", r.Holder).Debug("memfile: dropping dead holder")
+			if view, ok := containerOf(r.Holder); ok && r.Bundle != "" {
+				// Its task is gone: so is every use of its view, whose
+				// links would keep the files it pins.
+				if err := RemoveAll(s.ViewDir(view)); err != nil {
+					return nil, fmt.Errorf("remove view %s of dead holder %s: %w", view, r.Holder, err)
+				}
+				os.Remove(s.viewMarker(family, view))
+			}
 			os.Remove(path)
 			continue
 		}
