@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/memfile"
 )
 
 // legacyStateFile is where shims before api.BundleStateFile kept the state (the
@@ -81,7 +82,7 @@ func readState(bundle string) (*containerState, error) {
 }
 
 // containerHolder is the memfile reference a container holds.
-func containerHolder(ns, id string) string { return "container:" + ns + "/" + id }
+func containerHolder(ns, id string) string { return memfile.HolderContainer + ns + "/" + id }
 
 // exportHolder is the memfile reference a container holds on the files of the
 // snapshots containerd exported to its content store.
