@@ -258,8 +258,9 @@ const UnclaimedAge = 10 * time.Minute
 // directories a Fork made (they hold its op marker) that no live operation
 // and no container label (api.LabelSnapshot, api.LabelStopped, in any namespace)
 // references and that are older than OrphanAge, leases labelled api.LabelOp
-// whose operation is over, and parent locks of containers that are gone. dry
-// reports without removing.
+// whose operation is over, and parent locks of containers that are gone;
+// then the memory store's GC (node.CollectMemory). dry reports without
+// removing (and without the memory store's GC).
 func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 	rep, err := c.reconcile(ctx, dry)
 	errs := []error{err}
@@ -354,6 +355,19 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 			}
 		}
 		rep.add("snapshot dir %s", d.Dir)
+	}
+	// Last, once the snapshot dirs above dropped their references: memory
+	// references whose holder is gone, such as a fork's whose shim died
+	// while creating its task (containerd then runs no delete for it), with
+	// what only they pinned.
+	if !dry {
+		freed, err := c.node.CollectMemory(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("collect memory files: %w", err))
+		}
+		for _, f := range freed {
+			rep.add("memory file %s", f)
+		}
 	}
 	return rep, errors.Join(errs...)
 }

@@ -228,6 +228,18 @@ func (l *Local) SnapshotDirs(context.Context) ([]SnapshotDir, error) {
 }
 
 // Families reports every family in the memory store, by name.
+// CollectMemory runs the memory store's GC.
+func (l *Local) CollectMemory(ctx context.Context) ([]string, error) {
+	if _, err := os.Stat(l.root.Mem()); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	store, err := memfile.OpenStore(l.root.Mem())
+	if err != nil {
+		return nil, err
+	}
+	return store.GC(ctx)
+}
+
 func (l *Local) Families(context.Context) ([]Family, error) {
 	memRoot := l.root.Mem()
 	ents, err := os.ReadDir(memRoot)

@@ -36,6 +36,7 @@ func (l *Local) Snapshot(context.Context, string) (*Snapshot, error)            
 func (l *Local) SnapshotDirs(context.Context) ([]SnapshotDir, error)            { return nil, l.err() }
 func (l *Local) Families(context.Context) ([]Family, error)                     { return nil, l.err() }
 func (l *Local) FreeSpace(context.Context) (Space, error)                       { return Space{}, l.err() }
+func (l *Local) CollectMemory(context.Context) ([]string, error)                { return nil, l.err() }
 func (l *Local) SaveOp(context.Context, *api.OpRecord) error                    { return l.err() }
 func (l *Local) RemoveOp(context.Context, string) error                         { return l.err() }
 func (l *Local) Ops(context.Context) ([]OpState, error)                         { return nil, l.err() }

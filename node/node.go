@@ -34,6 +34,10 @@ type Node interface {
 	Families(ctx context.Context) ([]Family, error)
 	// FreeSpace is the room the node has for snapshots and forks.
 	FreeSpace(ctx context.Context) (Space, error)
+	// CollectMemory runs the memory store's GC (memfile.Store.GC): it drops
+	// dead references (a container's whose task bundle is gone, with its
+	// view) and frees the files nothing pins; it returns those files.
+	CollectMemory(ctx context.Context) ([]string, error)
 
 	// SaveOp writes an operation's record; RemoveOp removes it.
 	SaveOp(ctx context.Context, rec *api.OpRecord) error

@@ -167,6 +167,16 @@ func (r *Remote) Families(ctx context.Context) ([]Family, error) {
 	return out, nil
 }
 
+func (r *Remote) CollectMemory(ctx context.Context) ([]string, error) {
+	resp, err := call(r, func(c pb.NodeClient) (*pb.CollectMemoryResponse, error) {
+		return c.CollectMemory(ctx, &pb.Empty{})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Freed, nil
+}
+
 func (r *Remote) FreeSpace(ctx context.Context) (Space, error) {
 	resp, err := call(r, func(c pb.NodeClient) (*pb.FreeSpaceResponse, error) {
 		return c.FreeSpace(ctx, &pb.Empty{})

@@ -88,6 +88,14 @@ func (s *Service) Families(ctx context.Context, _ *pb.Empty) (*pb.FamiliesRespon
 	return out, nil
 }
 
+func (s *Service) CollectMemory(ctx context.Context, _ *pb.Empty) (*pb.CollectMemoryResponse, error) {
+	freed, err := s.N.CollectMemory(ctx)
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	return &pb.CollectMemoryResponse{Freed: freed}, nil
+}
+
 func (s *Service) FreeSpace(ctx context.Context, _ *pb.Empty) (*pb.FreeSpaceResponse, error) {
 	sp, err := s.N.FreeSpace(ctx)
 	if err != nil {

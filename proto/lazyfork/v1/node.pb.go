@@ -765,6 +765,51 @@ func (x *FamiliesResponse) GetFamilies() []*Family {
 	return nil
 }
 
+type CollectMemoryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// freed: the memory files removed (base names).
+	Freed         []string `protobuf:"bytes,1,rep,name=freed,proto3" json:"freed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CollectMemoryResponse) Reset() {
+	*x = CollectMemoryResponse{}
+	mi := &file_lazyfork_v1_node_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectMemoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectMemoryResponse) ProtoMessage() {}
+
+func (x *CollectMemoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lazyfork_v1_node_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectMemoryResponse.ProtoReflect.Descriptor instead.
+func (*CollectMemoryResponse) Descriptor() ([]byte, []int) {
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *CollectMemoryResponse) GetFreed() []string {
+	if x != nil {
+		return x.Freed
+	}
+	return nil
+}
+
 type FreeSpaceResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Root      string                 `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
@@ -778,7 +823,7 @@ type FreeSpaceResponse struct {
 
 func (x *FreeSpaceResponse) Reset() {
 	*x = FreeSpaceResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[13]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +835,7 @@ func (x *FreeSpaceResponse) String() string {
 func (*FreeSpaceResponse) ProtoMessage() {}
 
 func (x *FreeSpaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[13]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +848,7 @@ func (x *FreeSpaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeSpaceResponse.ProtoReflect.Descriptor instead.
 func (*FreeSpaceResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FreeSpaceResponse) GetRoot() string {
@@ -849,7 +894,7 @@ type OpRecord struct {
 
 func (x *OpRecord) Reset() {
 	*x = OpRecord{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[14]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +906,7 @@ func (x *OpRecord) String() string {
 func (*OpRecord) ProtoMessage() {}
 
 func (x *OpRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[14]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +919,7 @@ func (x *OpRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpRecord.ProtoReflect.Descriptor instead.
 func (*OpRecord) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *OpRecord) GetId() string {
@@ -977,7 +1022,7 @@ type RemoveOpRequest struct {
 
 func (x *RemoveOpRequest) Reset() {
 	*x = RemoveOpRequest{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[15]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1034,7 @@ func (x *RemoveOpRequest) String() string {
 func (*RemoveOpRequest) ProtoMessage() {}
 
 func (x *RemoveOpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[15]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1047,7 @@ func (x *RemoveOpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveOpRequest.ProtoReflect.Descriptor instead.
 func (*RemoveOpRequest) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveOpRequest) GetId() string {
@@ -1022,7 +1067,7 @@ type OpState struct {
 
 func (x *OpState) Reset() {
 	*x = OpState{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[16]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1079,7 @@ func (x *OpState) String() string {
 func (*OpState) ProtoMessage() {}
 
 func (x *OpState) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[16]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1092,7 @@ func (x *OpState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpState.ProtoReflect.Descriptor instead.
 func (*OpState) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *OpState) GetRecord() *OpRecord {
@@ -1075,7 +1120,7 @@ type ListOpsResponse struct {
 
 func (x *ListOpsResponse) Reset() {
 	*x = ListOpsResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[17]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1132,7 @@ func (x *ListOpsResponse) String() string {
 func (*ListOpsResponse) ProtoMessage() {}
 
 func (x *ListOpsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[17]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1145,7 @@ func (x *ListOpsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOpsResponse.ProtoReflect.Descriptor instead.
 func (*ListOpsResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListOpsResponse) GetOps() []*OpState {
@@ -1128,7 +1173,7 @@ type LockKey struct {
 
 func (x *LockKey) Reset() {
 	*x = LockKey{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[18]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1185,7 @@ func (x *LockKey) String() string {
 func (*LockKey) ProtoMessage() {}
 
 func (x *LockKey) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[18]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1198,7 @@ func (x *LockKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockKey.ProtoReflect.Descriptor instead.
 func (*LockKey) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LockKey) GetKey() string {
@@ -1175,7 +1220,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[19]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1232,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[19]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1245,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LockRequest) GetKey() string {
@@ -1226,7 +1271,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[20]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1283,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[20]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1296,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LockResponse) GetHeld() bool {
@@ -1270,7 +1315,7 @@ type RemoveLockResponse struct {
 
 func (x *RemoveLockResponse) Reset() {
 	*x = RemoveLockResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[21]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1327,7 @@ func (x *RemoveLockResponse) String() string {
 func (*RemoveLockResponse) ProtoMessage() {}
 
 func (x *RemoveLockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[21]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1340,7 @@ func (x *RemoveLockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLockResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLockResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RemoveLockResponse) GetRemoved() bool {
@@ -1315,7 +1360,7 @@ type SweepLocksRequest struct {
 
 func (x *SweepLocksRequest) Reset() {
 	*x = SweepLocksRequest{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[22]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1372,7 @@ func (x *SweepLocksRequest) String() string {
 func (*SweepLocksRequest) ProtoMessage() {}
 
 func (x *SweepLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[22]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1385,7 @@ func (x *SweepLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepLocksRequest.ProtoReflect.Descriptor instead.
 func (*SweepLocksRequest) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SweepLocksRequest) GetKeep() []string {
@@ -1366,7 +1411,7 @@ type SweepLocksResponse struct {
 
 func (x *SweepLocksResponse) Reset() {
 	*x = SweepLocksResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[23]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1378,7 +1423,7 @@ func (x *SweepLocksResponse) String() string {
 func (*SweepLocksResponse) ProtoMessage() {}
 
 func (x *SweepLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[23]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1391,7 +1436,7 @@ func (x *SweepLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepLocksResponse.ProtoReflect.Descriptor instead.
 func (*SweepLocksResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SweepLocksResponse) GetRemoved() []string {
@@ -1411,7 +1456,7 @@ type SaveRestoreLogRequest struct {
 
 func (x *SaveRestoreLogRequest) Reset() {
 	*x = SaveRestoreLogRequest{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[24]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1468,7 @@ func (x *SaveRestoreLogRequest) String() string {
 func (*SaveRestoreLogRequest) ProtoMessage() {}
 
 func (x *SaveRestoreLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[24]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1481,7 @@ func (x *SaveRestoreLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveRestoreLogRequest.ProtoReflect.Descriptor instead.
 func (*SaveRestoreLogRequest) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SaveRestoreLogRequest) GetNamespace() string {
@@ -1462,7 +1507,7 @@ type SaveRestoreLogResponse struct {
 
 func (x *SaveRestoreLogResponse) Reset() {
 	*x = SaveRestoreLogResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[25]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1519,7 @@ func (x *SaveRestoreLogResponse) String() string {
 func (*SaveRestoreLogResponse) ProtoMessage() {}
 
 func (x *SaveRestoreLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[25]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1532,7 @@ func (x *SaveRestoreLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveRestoreLogResponse.ProtoReflect.Descriptor instead.
 func (*SaveRestoreLogResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SaveRestoreLogResponse) GetPath() string {
@@ -1506,7 +1551,7 @@ type LogPath struct {
 
 func (x *LogPath) Reset() {
 	*x = LogPath{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[26]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1563,7 @@ func (x *LogPath) String() string {
 func (*LogPath) ProtoMessage() {}
 
 func (x *LogPath) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[26]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1576,7 @@ func (x *LogPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogPath.ProtoReflect.Descriptor instead.
 func (*LogPath) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LogPath) GetPath() string {
@@ -1550,7 +1595,7 @@ type ListLogsResponse struct {
 
 func (x *ListLogsResponse) Reset() {
 	*x = ListLogsResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[27]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1607,7 @@ func (x *ListLogsResponse) String() string {
 func (*ListLogsResponse) ProtoMessage() {}
 
 func (x *ListLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[27]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1620,7 @@ func (x *ListLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLogsResponse.ProtoReflect.Descriptor instead.
 func (*ListLogsResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListLogsResponse) GetNames() []string {
@@ -1595,7 +1640,7 @@ type StatLogResponse struct {
 
 func (x *StatLogResponse) Reset() {
 	*x = StatLogResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[28]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1652,7 @@ func (x *StatLogResponse) String() string {
 func (*StatLogResponse) ProtoMessage() {}
 
 func (x *StatLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[28]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1665,7 @@ func (x *StatLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatLogResponse.ProtoReflect.Descriptor instead.
 func (*StatLogResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatLogResponse) GetExists() bool {
@@ -1655,7 +1700,7 @@ type ReadLogRequest struct {
 
 func (x *ReadLogRequest) Reset() {
 	*x = ReadLogRequest{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[29]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1712,7 @@ func (x *ReadLogRequest) String() string {
 func (*ReadLogRequest) ProtoMessage() {}
 
 func (x *ReadLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[29]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1725,7 @@ func (x *ReadLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadLogRequest.ProtoReflect.Descriptor instead.
 func (*ReadLogRequest) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadLogRequest) GetPath() string {
@@ -1727,7 +1772,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[30]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1784,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[30]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1797,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LogChunk) GetData() []byte {
@@ -1774,7 +1819,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[31]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +1831,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[31]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +1844,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UsageRequest) GetPid() uint32 {
@@ -1833,7 +1878,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[32]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1890,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[32]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1903,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UsageResponse) GetMemoryBytes() int64 {
@@ -1911,7 +1956,7 @@ type ForkOfContext struct {
 
 func (x *ForkOfContext) Reset() {
 	*x = ForkOfContext{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[33]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1923,7 +1968,7 @@ func (x *ForkOfContext) String() string {
 func (*ForkOfContext) ProtoMessage() {}
 
 func (x *ForkOfContext) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[33]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1936,7 +1981,7 @@ func (x *ForkOfContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkOfContext.ProtoReflect.Descriptor instead.
 func (*ForkOfContext) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ForkOfContext) GetContainerdAddress() string {
@@ -1975,7 +2020,7 @@ type SnapshotForPodRequest struct {
 
 func (x *SnapshotForPodRequest) Reset() {
 	*x = SnapshotForPodRequest{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[34]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2032,7 @@ func (x *SnapshotForPodRequest) String() string {
 func (*SnapshotForPodRequest) ProtoMessage() {}
 
 func (x *SnapshotForPodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[34]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2045,7 @@ func (x *SnapshotForPodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotForPodRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotForPodRequest) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapshotForPodRequest) GetContext() *ForkOfContext {
@@ -2040,7 +2085,7 @@ type SnapshotForPodResponse struct {
 
 func (x *SnapshotForPodResponse) Reset() {
 	*x = SnapshotForPodResponse{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[35]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2097,7 @@ func (x *SnapshotForPodResponse) String() string {
 func (*SnapshotForPodResponse) ProtoMessage() {}
 
 func (x *SnapshotForPodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[35]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2110,7 @@ func (x *SnapshotForPodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotForPodResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotForPodResponse) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SnapshotForPodResponse) GetImageDir() string {
@@ -2087,7 +2132,7 @@ type CopySnapshotLayerRequest struct {
 
 func (x *CopySnapshotLayerRequest) Reset() {
 	*x = CopySnapshotLayerRequest{}
-	mi := &file_lazyfork_v1_node_proto_msgTypes[36]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2144,7 @@ func (x *CopySnapshotLayerRequest) String() string {
 func (*CopySnapshotLayerRequest) ProtoMessage() {}
 
 func (x *CopySnapshotLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lazyfork_v1_node_proto_msgTypes[36]
+	mi := &file_lazyfork_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2157,7 @@ func (x *CopySnapshotLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopySnapshotLayerRequest.ProtoReflect.Descriptor instead.
 func (*CopySnapshotLayerRequest) Descriptor() ([]byte, []int) {
-	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_lazyfork_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CopySnapshotLayerRequest) GetContext() *ForkOfContext {
@@ -2198,7 +2243,9 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"C\n" +
 	"\x10FamiliesResponse\x12/\n" +
-	"\bfamilies\x18\x01 \x03(\v2\x13.lazyfork.v1.FamilyR\bfamilies\"v\n" +
+	"\bfamilies\x18\x01 \x03(\v2\x13.lazyfork.v1.FamilyR\bfamilies\"-\n" +
+	"\x15CollectMemoryResponse\x12\x14\n" +
+	"\x05freed\x18\x01 \x03(\tR\x05freed\"v\n" +
 	"\x11FreeSpaceResponse\x12\x12\n" +
 	"\x04root\x18\x01 \x01(\tR\x04root\x12\x1d\n" +
 	"\n" +
@@ -2284,7 +2331,7 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\x18CopySnapshotLayerRequest\x124\n" +
 	"\acontext\x18\x01 \x01(\v2\x1a.lazyfork.v1.ForkOfContextR\acontext\x12\x1b\n" +
 	"\timage_dir\x18\x02 \x01(\tR\bimageDir\x12\x1b\n" +
-	"\tupper_dir\x18\x03 \x01(\tR\bupperDir2\x89\r\n" +
+	"\tupper_dir\x18\x03 \x01(\tR\bupperDir2\xd2\r\n" +
 	"\x04Node\x12\\\n" +
 	"\x0fPrepareSnapshot\x12#.lazyfork.v1.PrepareSnapshotRequest\x1a$.lazyfork.v1.PrepareSnapshotResponse\x12C\n" +
 	"\fKeepSnapshot\x12\x1f.lazyfork.v1.SnapshotDirRequest\x1a\x12.lazyfork.v1.Empty\x12E\n" +
@@ -2294,7 +2341,8 @@ const file_lazyfork_v1_node_proto_rawDesc = "" +
 	"\vGetSnapshot\x12\x1f.lazyfork.v1.GetSnapshotRequest\x1a\x15.lazyfork.v1.Snapshot\x12M\n" +
 	"\x10ListSnapshotDirs\x12\x12.lazyfork.v1.Empty\x1a%.lazyfork.v1.ListSnapshotDirsResponse\x12=\n" +
 	"\bFamilies\x12\x12.lazyfork.v1.Empty\x1a\x1d.lazyfork.v1.FamiliesResponse\x12?\n" +
-	"\tFreeSpace\x12\x12.lazyfork.v1.Empty\x1a\x1e.lazyfork.v1.FreeSpaceResponse\x123\n" +
+	"\tFreeSpace\x12\x12.lazyfork.v1.Empty\x1a\x1e.lazyfork.v1.FreeSpaceResponse\x12G\n" +
+	"\rCollectMemory\x12\x12.lazyfork.v1.Empty\x1a\".lazyfork.v1.CollectMemoryResponse\x123\n" +
 	"\x06SaveOp\x12\x15.lazyfork.v1.OpRecord\x1a\x12.lazyfork.v1.Empty\x12<\n" +
 	"\bRemoveOp\x12\x1c.lazyfork.v1.RemoveOpRequest\x1a\x12.lazyfork.v1.Empty\x12;\n" +
 	"\aListOps\x12\x12.lazyfork.v1.Empty\x1a\x1c.lazyfork.v1.ListOpsResponse\x12?\n" +
@@ -2326,7 +2374,7 @@ func file_lazyfork_v1_node_proto_rawDescGZIP() []byte {
 	return file_lazyfork_v1_node_proto_rawDescData
 }
 
-var file_lazyfork_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_lazyfork_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_lazyfork_v1_node_proto_goTypes = []any{
 	(*Empty)(nil),                    // 0: lazyfork.v1.Empty
 	(*PrepareSnapshotRequest)(nil),   // 1: lazyfork.v1.PrepareSnapshotRequest
@@ -2341,47 +2389,48 @@ var file_lazyfork_v1_node_proto_goTypes = []any{
 	(*HolderFiles)(nil),              // 10: lazyfork.v1.HolderFiles
 	(*Family)(nil),                   // 11: lazyfork.v1.Family
 	(*FamiliesResponse)(nil),         // 12: lazyfork.v1.FamiliesResponse
-	(*FreeSpaceResponse)(nil),        // 13: lazyfork.v1.FreeSpaceResponse
-	(*OpRecord)(nil),                 // 14: lazyfork.v1.OpRecord
-	(*RemoveOpRequest)(nil),          // 15: lazyfork.v1.RemoveOpRequest
-	(*OpState)(nil),                  // 16: lazyfork.v1.OpState
-	(*ListOpsResponse)(nil),          // 17: lazyfork.v1.ListOpsResponse
-	(*LockKey)(nil),                  // 18: lazyfork.v1.LockKey
-	(*LockRequest)(nil),              // 19: lazyfork.v1.LockRequest
-	(*LockResponse)(nil),             // 20: lazyfork.v1.LockResponse
-	(*RemoveLockResponse)(nil),       // 21: lazyfork.v1.RemoveLockResponse
-	(*SweepLocksRequest)(nil),        // 22: lazyfork.v1.SweepLocksRequest
-	(*SweepLocksResponse)(nil),       // 23: lazyfork.v1.SweepLocksResponse
-	(*SaveRestoreLogRequest)(nil),    // 24: lazyfork.v1.SaveRestoreLogRequest
-	(*SaveRestoreLogResponse)(nil),   // 25: lazyfork.v1.SaveRestoreLogResponse
-	(*LogPath)(nil),                  // 26: lazyfork.v1.LogPath
-	(*ListLogsResponse)(nil),         // 27: lazyfork.v1.ListLogsResponse
-	(*StatLogResponse)(nil),          // 28: lazyfork.v1.StatLogResponse
-	(*ReadLogRequest)(nil),           // 29: lazyfork.v1.ReadLogRequest
-	(*LogChunk)(nil),                 // 30: lazyfork.v1.LogChunk
-	(*UsageRequest)(nil),             // 31: lazyfork.v1.UsageRequest
-	(*UsageResponse)(nil),            // 32: lazyfork.v1.UsageResponse
-	(*ForkOfContext)(nil),            // 33: lazyfork.v1.ForkOfContext
-	(*SnapshotForPodRequest)(nil),    // 34: lazyfork.v1.SnapshotForPodRequest
-	(*SnapshotForPodResponse)(nil),   // 35: lazyfork.v1.SnapshotForPodResponse
-	(*CopySnapshotLayerRequest)(nil), // 36: lazyfork.v1.CopySnapshotLayerRequest
-	nil,                              // 37: lazyfork.v1.Family.FilesEntry
-	nil,                              // 38: lazyfork.v1.Family.HoldersEntry
-	nil,                              // 39: lazyfork.v1.Family.ChargedToEntry
+	(*CollectMemoryResponse)(nil),    // 13: lazyfork.v1.CollectMemoryResponse
+	(*FreeSpaceResponse)(nil),        // 14: lazyfork.v1.FreeSpaceResponse
+	(*OpRecord)(nil),                 // 15: lazyfork.v1.OpRecord
+	(*RemoveOpRequest)(nil),          // 16: lazyfork.v1.RemoveOpRequest
+	(*OpState)(nil),                  // 17: lazyfork.v1.OpState
+	(*ListOpsResponse)(nil),          // 18: lazyfork.v1.ListOpsResponse
+	(*LockKey)(nil),                  // 19: lazyfork.v1.LockKey
+	(*LockRequest)(nil),              // 20: lazyfork.v1.LockRequest
+	(*LockResponse)(nil),             // 21: lazyfork.v1.LockResponse
+	(*RemoveLockResponse)(nil),       // 22: lazyfork.v1.RemoveLockResponse
+	(*SweepLocksRequest)(nil),        // 23: lazyfork.v1.SweepLocksRequest
+	(*SweepLocksResponse)(nil),       // 24: lazyfork.v1.SweepLocksResponse
+	(*SaveRestoreLogRequest)(nil),    // 25: lazyfork.v1.SaveRestoreLogRequest
+	(*SaveRestoreLogResponse)(nil),   // 26: lazyfork.v1.SaveRestoreLogResponse
+	(*LogPath)(nil),                  // 27: lazyfork.v1.LogPath
+	(*ListLogsResponse)(nil),         // 28: lazyfork.v1.ListLogsResponse
+	(*StatLogResponse)(nil),          // 29: lazyfork.v1.StatLogResponse
+	(*ReadLogRequest)(nil),           // 30: lazyfork.v1.ReadLogRequest
+	(*LogChunk)(nil),                 // 31: lazyfork.v1.LogChunk
+	(*UsageRequest)(nil),             // 32: lazyfork.v1.UsageRequest
+	(*UsageResponse)(nil),            // 33: lazyfork.v1.UsageResponse
+	(*ForkOfContext)(nil),            // 34: lazyfork.v1.ForkOfContext
+	(*SnapshotForPodRequest)(nil),    // 35: lazyfork.v1.SnapshotForPodRequest
+	(*SnapshotForPodResponse)(nil),   // 36: lazyfork.v1.SnapshotForPodResponse
+	(*CopySnapshotLayerRequest)(nil), // 37: lazyfork.v1.CopySnapshotLayerRequest
+	nil,                              // 38: lazyfork.v1.Family.FilesEntry
+	nil,                              // 39: lazyfork.v1.Family.HoldersEntry
+	nil,                              // 40: lazyfork.v1.Family.ChargedToEntry
 }
 var file_lazyfork_v1_node_proto_depIdxs = []int32{
 	4,  // 0: lazyfork.v1.SetRootfsRequest.rootfs:type_name -> lazyfork.v1.Rootfs
 	4,  // 1: lazyfork.v1.Snapshot.rootfs:type_name -> lazyfork.v1.Rootfs
 	4,  // 2: lazyfork.v1.SnapshotDir.rootfs:type_name -> lazyfork.v1.Rootfs
 	8,  // 3: lazyfork.v1.ListSnapshotDirsResponse.dirs:type_name -> lazyfork.v1.SnapshotDir
-	37, // 4: lazyfork.v1.Family.files:type_name -> lazyfork.v1.Family.FilesEntry
-	38, // 5: lazyfork.v1.Family.holders:type_name -> lazyfork.v1.Family.HoldersEntry
-	39, // 6: lazyfork.v1.Family.charged_to:type_name -> lazyfork.v1.Family.ChargedToEntry
+	38, // 4: lazyfork.v1.Family.files:type_name -> lazyfork.v1.Family.FilesEntry
+	39, // 5: lazyfork.v1.Family.holders:type_name -> lazyfork.v1.Family.HoldersEntry
+	40, // 6: lazyfork.v1.Family.charged_to:type_name -> lazyfork.v1.Family.ChargedToEntry
 	11, // 7: lazyfork.v1.FamiliesResponse.families:type_name -> lazyfork.v1.Family
-	14, // 8: lazyfork.v1.OpState.record:type_name -> lazyfork.v1.OpRecord
-	16, // 9: lazyfork.v1.ListOpsResponse.ops:type_name -> lazyfork.v1.OpState
-	33, // 10: lazyfork.v1.SnapshotForPodRequest.context:type_name -> lazyfork.v1.ForkOfContext
-	33, // 11: lazyfork.v1.CopySnapshotLayerRequest.context:type_name -> lazyfork.v1.ForkOfContext
+	15, // 8: lazyfork.v1.OpState.record:type_name -> lazyfork.v1.OpRecord
+	17, // 9: lazyfork.v1.ListOpsResponse.ops:type_name -> lazyfork.v1.OpState
+	34, // 10: lazyfork.v1.SnapshotForPodRequest.context:type_name -> lazyfork.v1.ForkOfContext
+	34, // 11: lazyfork.v1.CopySnapshotLayerRequest.context:type_name -> lazyfork.v1.ForkOfContext
 	10, // 12: lazyfork.v1.Family.HoldersEntry.value:type_name -> lazyfork.v1.HolderFiles
 	1,  // 13: lazyfork.v1.Node.PrepareSnapshot:input_type -> lazyfork.v1.PrepareSnapshotRequest
 	3,  // 14: lazyfork.v1.Node.KeepSnapshot:input_type -> lazyfork.v1.SnapshotDirRequest
@@ -2392,47 +2441,49 @@ var file_lazyfork_v1_node_proto_depIdxs = []int32{
 	0,  // 19: lazyfork.v1.Node.ListSnapshotDirs:input_type -> lazyfork.v1.Empty
 	0,  // 20: lazyfork.v1.Node.Families:input_type -> lazyfork.v1.Empty
 	0,  // 21: lazyfork.v1.Node.FreeSpace:input_type -> lazyfork.v1.Empty
-	14, // 22: lazyfork.v1.Node.SaveOp:input_type -> lazyfork.v1.OpRecord
-	15, // 23: lazyfork.v1.Node.RemoveOp:input_type -> lazyfork.v1.RemoveOpRequest
-	0,  // 24: lazyfork.v1.Node.ListOps:input_type -> lazyfork.v1.Empty
-	19, // 25: lazyfork.v1.Node.Lock:input_type -> lazyfork.v1.LockRequest
-	18, // 26: lazyfork.v1.Node.RemoveLock:input_type -> lazyfork.v1.LockKey
-	22, // 27: lazyfork.v1.Node.SweepLocks:input_type -> lazyfork.v1.SweepLocksRequest
-	24, // 28: lazyfork.v1.Node.SaveRestoreLog:input_type -> lazyfork.v1.SaveRestoreLogRequest
-	26, // 29: lazyfork.v1.Node.PrepareLog:input_type -> lazyfork.v1.LogPath
-	26, // 30: lazyfork.v1.Node.RemoveLog:input_type -> lazyfork.v1.LogPath
-	26, // 31: lazyfork.v1.Node.ListLogs:input_type -> lazyfork.v1.LogPath
-	26, // 32: lazyfork.v1.Node.StatLog:input_type -> lazyfork.v1.LogPath
-	29, // 33: lazyfork.v1.Node.ReadLog:input_type -> lazyfork.v1.ReadLogRequest
-	31, // 34: lazyfork.v1.Node.Usage:input_type -> lazyfork.v1.UsageRequest
-	34, // 35: lazyfork.v1.Node.SnapshotForPod:input_type -> lazyfork.v1.SnapshotForPodRequest
-	36, // 36: lazyfork.v1.Node.CopySnapshotLayer:input_type -> lazyfork.v1.CopySnapshotLayerRequest
-	2,  // 37: lazyfork.v1.Node.PrepareSnapshot:output_type -> lazyfork.v1.PrepareSnapshotResponse
-	0,  // 38: lazyfork.v1.Node.KeepSnapshot:output_type -> lazyfork.v1.Empty
-	0,  // 39: lazyfork.v1.Node.RemoveSnapshot:output_type -> lazyfork.v1.Empty
-	0,  // 40: lazyfork.v1.Node.SetRootfs:output_type -> lazyfork.v1.Empty
-	0,  // 41: lazyfork.v1.Node.ReleaseRootfs:output_type -> lazyfork.v1.Empty
-	7,  // 42: lazyfork.v1.Node.GetSnapshot:output_type -> lazyfork.v1.Snapshot
-	9,  // 43: lazyfork.v1.Node.ListSnapshotDirs:output_type -> lazyfork.v1.ListSnapshotDirsResponse
-	12, // 44: lazyfork.v1.Node.Families:output_type -> lazyfork.v1.FamiliesResponse
-	13, // 45: lazyfork.v1.Node.FreeSpace:output_type -> lazyfork.v1.FreeSpaceResponse
-	0,  // 46: lazyfork.v1.Node.SaveOp:output_type -> lazyfork.v1.Empty
-	0,  // 47: lazyfork.v1.Node.RemoveOp:output_type -> lazyfork.v1.Empty
-	17, // 48: lazyfork.v1.Node.ListOps:output_type -> lazyfork.v1.ListOpsResponse
-	20, // 49: lazyfork.v1.Node.Lock:output_type -> lazyfork.v1.LockResponse
-	21, // 50: lazyfork.v1.Node.RemoveLock:output_type -> lazyfork.v1.RemoveLockResponse
-	23, // 51: lazyfork.v1.Node.SweepLocks:output_type -> lazyfork.v1.SweepLocksResponse
-	25, // 52: lazyfork.v1.Node.SaveRestoreLog:output_type -> lazyfork.v1.SaveRestoreLogResponse
-	0,  // 53: lazyfork.v1.Node.PrepareLog:output_type -> lazyfork.v1.Empty
-	0,  // 54: lazyfork.v1.Node.RemoveLog:output_type -> lazyfork.v1.Empty
-	27, // 55: lazyfork.v1.Node.ListLogs:output_type -> lazyfork.v1.ListLogsResponse
-	28, // 56: lazyfork.v1.Node.StatLog:output_type -> lazyfork.v1.StatLogResponse
-	30, // 57: lazyfork.v1.Node.ReadLog:output_type -> lazyfork.v1.LogChunk
-	32, // 58: lazyfork.v1.Node.Usage:output_type -> lazyfork.v1.UsageResponse
-	35, // 59: lazyfork.v1.Node.SnapshotForPod:output_type -> lazyfork.v1.SnapshotForPodResponse
-	0,  // 60: lazyfork.v1.Node.CopySnapshotLayer:output_type -> lazyfork.v1.Empty
-	37, // [37:61] is the sub-list for method output_type
-	13, // [13:37] is the sub-list for method input_type
+	0,  // 22: lazyfork.v1.Node.CollectMemory:input_type -> lazyfork.v1.Empty
+	15, // 23: lazyfork.v1.Node.SaveOp:input_type -> lazyfork.v1.OpRecord
+	16, // 24: lazyfork.v1.Node.RemoveOp:input_type -> lazyfork.v1.RemoveOpRequest
+	0,  // 25: lazyfork.v1.Node.ListOps:input_type -> lazyfork.v1.Empty
+	20, // 26: lazyfork.v1.Node.Lock:input_type -> lazyfork.v1.LockRequest
+	19, // 27: lazyfork.v1.Node.RemoveLock:input_type -> lazyfork.v1.LockKey
+	23, // 28: lazyfork.v1.Node.SweepLocks:input_type -> lazyfork.v1.SweepLocksRequest
+	25, // 29: lazyfork.v1.Node.SaveRestoreLog:input_type -> lazyfork.v1.SaveRestoreLogRequest
+	27, // 30: lazyfork.v1.Node.PrepareLog:input_type -> lazyfork.v1.LogPath
+	27, // 31: lazyfork.v1.Node.RemoveLog:input_type -> lazyfork.v1.LogPath
+	27, // 32: lazyfork.v1.Node.ListLogs:input_type -> lazyfork.v1.LogPath
+	27, // 33: lazyfork.v1.Node.StatLog:input_type -> lazyfork.v1.LogPath
+	30, // 34: lazyfork.v1.Node.ReadLog:input_type -> lazyfork.v1.ReadLogRequest
+	32, // 35: lazyfork.v1.Node.Usage:input_type -> lazyfork.v1.UsageRequest
+	35, // 36: lazyfork.v1.Node.SnapshotForPod:input_type -> lazyfork.v1.SnapshotForPodRequest
+	37, // 37: lazyfork.v1.Node.CopySnapshotLayer:input_type -> lazyfork.v1.CopySnapshotLayerRequest
+	2,  // 38: lazyfork.v1.Node.PrepareSnapshot:output_type -> lazyfork.v1.PrepareSnapshotResponse
+	0,  // 39: lazyfork.v1.Node.KeepSnapshot:output_type -> lazyfork.v1.Empty
+	0,  // 40: lazyfork.v1.Node.RemoveSnapshot:output_type -> lazyfork.v1.Empty
+	0,  // 41: lazyfork.v1.Node.SetRootfs:output_type -> lazyfork.v1.Empty
+	0,  // 42: lazyfork.v1.Node.ReleaseRootfs:output_type -> lazyfork.v1.Empty
+	7,  // 43: lazyfork.v1.Node.GetSnapshot:output_type -> lazyfork.v1.Snapshot
+	9,  // 44: lazyfork.v1.Node.ListSnapshotDirs:output_type -> lazyfork.v1.ListSnapshotDirsResponse
+	12, // 45: lazyfork.v1.Node.Families:output_type -> lazyfork.v1.FamiliesResponse
+	14, // 46: lazyfork.v1.Node.FreeSpace:output_type -> lazyfork.v1.FreeSpaceResponse
+	13, // 47: lazyfork.v1.Node.CollectMemory:output_type -> lazyfork.v1.CollectMemoryResponse
+	0,  // 48: lazyfork.v1.Node.SaveOp:output_type -> lazyfork.v1.Empty
+	0,  // 49: lazyfork.v1.Node.RemoveOp:output_type -> lazyfork.v1.Empty
+	18, // 50: lazyfork.v1.Node.ListOps:output_type -> lazyfork.v1.ListOpsResponse
+	21, // 51: lazyfork.v1.Node.Lock:output_type -> lazyfork.v1.LockResponse
+	22, // 52: lazyfork.v1.Node.RemoveLock:output_type -> lazyfork.v1.RemoveLockResponse
+	24, // 53: lazyfork.v1.Node.SweepLocks:output_type -> lazyfork.v1.SweepLocksResponse
+	26, // 54: lazyfork.v1.Node.SaveRestoreLog:output_type -> lazyfork.v1.SaveRestoreLogResponse
+	0,  // 55: lazyfork.v1.Node.PrepareLog:output_type -> lazyfork.v1.Empty
+	0,  // 56: lazyfork.v1.Node.RemoveLog:output_type -> lazyfork.v1.Empty
+	28, // 57: lazyfork.v1.Node.ListLogs:output_type -> lazyfork.v1.ListLogsResponse
+	29, // 58: lazyfork.v1.Node.StatLog:output_type -> lazyfork.v1.StatLogResponse
+	31, // 59: lazyfork.v1.Node.ReadLog:output_type -> lazyfork.v1.LogChunk
+	33, // 60: lazyfork.v1.Node.Usage:output_type -> lazyfork.v1.UsageResponse
+	36, // 61: lazyfork.v1.Node.SnapshotForPod:output_type -> lazyfork.v1.SnapshotForPodResponse
+	0,  // 62: lazyfork.v1.Node.CopySnapshotLayer:output_type -> lazyfork.v1.Empty
+	38, // [38:63] is the sub-list for method output_type
+	13, // [13:38] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -2449,7 +2500,7 @@ func file_lazyfork_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lazyfork_v1_node_proto_rawDesc), len(file_lazyfork_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

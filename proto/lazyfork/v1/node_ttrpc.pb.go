@@ -17,6 +17,7 @@ type NodeService interface {
 	ListSnapshotDirs(context.Context, *Empty) (*ListSnapshotDirsResponse, error)
 	Families(context.Context, *Empty) (*FamiliesResponse, error)
 	FreeSpace(context.Context, *Empty) (*FreeSpaceResponse, error)
+	CollectMemory(context.Context, *Empty) (*CollectMemoryResponse, error)
 	SaveOp(context.Context, *OpRecord) (*Empty, error)
 	RemoveOp(context.Context, *RemoveOpRequest) (*Empty, error)
 	ListOps(context.Context, *Empty) (*ListOpsResponse, error)
@@ -144,6 +145,13 @@ func RegisterNodeService(srv *ttrpc.Server, svc NodeService) {
 				}
 				return svc.FreeSpace(ctx, &req)
 			},
+			"CollectMemory": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req Empty
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.CollectMemory(ctx, &req)
+			},
 			"SaveOp": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req OpRecord
 				if err := unmarshal(&req); err != nil {
@@ -265,6 +273,7 @@ type NodeClient interface {
 	ListSnapshotDirs(context.Context, *Empty) (*ListSnapshotDirsResponse, error)
 	Families(context.Context, *Empty) (*FamiliesResponse, error)
 	FreeSpace(context.Context, *Empty) (*FreeSpaceResponse, error)
+	CollectMemory(context.Context, *Empty) (*CollectMemoryResponse, error)
 	SaveOp(context.Context, *OpRecord) (*Empty, error)
 	RemoveOp(context.Context, *RemoveOpRequest) (*Empty, error)
 	ListOps(context.Context, *Empty) (*ListOpsResponse, error)
@@ -359,6 +368,14 @@ func (c *nodeClient) Families(ctx context.Context, req *Empty) (*FamiliesRespons
 func (c *nodeClient) FreeSpace(ctx context.Context, req *Empty) (*FreeSpaceResponse, error) {
 	var resp FreeSpaceResponse
 	if err := c.client.Call(ctx, "lazyfork.v1.Node", "FreeSpace", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *nodeClient) CollectMemory(ctx context.Context, req *Empty) (*CollectMemoryResponse, error) {
+	var resp CollectMemoryResponse
+	if err := c.client.Call(ctx, "lazyfork.v1.Node", "CollectMemory", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
