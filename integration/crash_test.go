@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -22,6 +23,7 @@ import (
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/v2/core/snapshots"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/integration/harness"
 	"github.com/lazyfork/lazyfork/memfile"
 	snapclient "github.com/lazyfork/lazyfork/snapshotter/client"
@@ -544,4 +546,58 @@ func TestCrashShimKilled(t *testing.T) {
 		e.waitTick(t, survivor, e.waitTick(t, survivor, 0))
 		e.assertSettles(t, before)
 	})
+}
+
+// TestGCCollectsDeadTaskReferences: a memory reference and view left by a
+// task that never came to be (its shim died while creating it, and
+// containerd removed its bundle before the shim's delete ran) are dropped
+// by lazyfork gc, through the node API, with what only they held; a live
+// fork's stay.
+func TestGCCollectsDeadTaskReferences(t *testing.T) {
+	e := startCLIEnv(t)
+	e.startCounterCLI(t, "counter")
+	fork := strings.TrimSpace(e.must(t, "fork", "counter"))
+	e.waitTick(t, fork, 0)
+	store, err := memfile.OpenStore(api.Root(e.Root).Mem())
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := memfile.HolderContainer + e.Namespace + "/" + fork
+	holders, err := store.Holders("counter")
+	if err != nil || len(holders[live]) == 0 {
+		t.Fatalf("the fork's reference: %v (%v)", holders, err)
+	}
+	// What the shim of a task that never came to be leaves.
+	ghost := "ghost-" + lfRandom(3)
+	ghostHolder := memfile.HolderContainer + e.Namespace + "/" + ghost
+	taskRoot := filepath.Join(e.State, "io.containerd.runtime.v2.task")
+	if err := store.RefBundle("counter", ghostHolder, filepath.Join(taskRoot, e.Namespace, ghost), holders[live]); err != nil {
+		t.Fatal(err)
+	}
+	ghostView := memfile.ViewName(e.Namespace, ghost)
+	if _, err := store.LinkView("counter", ghostView, holders[live]); err != nil {
+		t.Fatal(err)
+	}
+
+	out := e.must(t, "gc")
+	t.Logf("gc:\n%s", out)
+	holders, err = store.Holders("counter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := holders[ghostHolder]; ok {
+		t.Errorf("lazyfork gc left the dead task's reference: %v", holders)
+	}
+	if _, err := os.Stat(store.ViewDir(ghostView)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("lazyfork gc left the dead task's view: %v", err)
+	}
+	if len(holders[live]) == 0 {
+		t.Errorf("lazyfork gc dropped the live fork's reference: %v", holders)
+	}
+	if _, err := os.Stat(store.ViewDir(memfile.ViewName(e.Namespace, fork))); err != nil {
+		t.Errorf("lazyfork gc removed the live fork's view: %v", err)
+	}
+	e.waitTick(t, fork, e.waitTick(t, fork, 0))
+	e.must(t, "delete", "-f", fork)
+	e.must(t, "delete", "-f", "counter")
 }
