@@ -21,20 +21,8 @@ import (
 // bundle whose task root is not seen at all (another mount namespace) keeps
 // its reference.
 func TestRefBundle(t *testing.T) {
-	root := t.TempDir()
-	t.Cleanup(func() { memfile.RemoveAll(root) })
-	s, err := memfile.OpenStore(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, s, pf := storeWithFile(t)
 	ctx := context.Background()
-	pf, err := s.CreateFile("fam")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pf.File().WriteAt([]byte("heap"), 1<<20); err != nil {
-		t.Fatal(err)
-	}
 	if err := pf.Publish("snapshot:/nowhere"); err != nil { // a dead holder: GC drops it
 		t.Fatal(err)
 	}

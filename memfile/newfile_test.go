@@ -9,25 +9,32 @@ import (
 	"github.com/lazyfork/lazyfork/memfile"
 )
 
-// A file written outside a rewrite (a container's move): invisible to GC as a
-// .tmp- file while written, then published for its holder, sealed where the
-// filesystem can; one that is aborted after publishing goes once nothing maps
-// it; where each file is charged is recorded and dropped with the file.
-func TestPendingFile(t *testing.T) {
-	root := t.TempDir()
+// storeWithFile opens a store in a fresh directory (root) and starts a file of
+// family "fam" in it, a page written at 1 MiB.
+func storeWithFile(t *testing.T) (root string, s *memfile.Store, pf *memfile.PendingFile) {
+	t.Helper()
+	root = t.TempDir()
 	t.Cleanup(func() { memfile.RemoveAll(root) })
 	s, err := memfile.OpenStore(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	pf, err := s.CreateFile("fam")
-	if err != nil {
+	if pf, err = s.CreateFile("fam"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pf.File().WriteAt([]byte("heap"), 1<<20); err != nil {
 		t.Fatal(err)
 	}
+	return root, s, pf
+}
+
+// A file written outside a rewrite (a container's move): invisible to GC as a
+// .tmp- file while written, then published for its holder, sealed where the
+// filesystem can; one that is aborted after publishing goes once nothing maps
+// it; where each file is charged is recorded and dropped with the file.
+func TestPendingFile(t *testing.T) {
+	root, s, pf := storeWithFile(t)
+	ctx := context.Background()
 	if freed, err := s.GC(ctx); err != nil || len(freed) != 0 {
 		t.Fatalf("GC while the file is written: freed %v, %v", freed, err)
 	}
