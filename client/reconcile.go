@@ -358,8 +358,9 @@ func (c *Client) GC(ctx context.Context, dry bool) (Report, error) {
 	}
 	// Last, once the snapshot dirs above dropped their references: memory
 	// references whose holder is gone, such as a fork's whose shim died
-	// while creating its task (containerd then runs no delete for it), with
-	// what only they pinned.
+	// while creating its task (the shim's delete, run as the failed create
+	// removes the bundle, may find nothing to drop), with what only they
+	// pinned.
 	if !dry {
 		freed, err := c.node.CollectMemory(ctx)
 		if err != nil {

@@ -202,7 +202,7 @@ func (s *Store) Ref(family, holder string, files []string) error {
 // delete that dropped them: containerd runs the shim binary's delete in the
 // bundle as the failed create removes it.
 func (s *Store) RefBundle(family, holder, bundle string, files []string) error {
-	if _, ok := containerOf(holder); !ok || !filepath.IsAbs(bundle) {
+	if _, ok := holderView(holder); !ok || !filepath.IsAbs(bundle) {
 		return fmt.Errorf("ref %q in bundle %q: want a container holder and an absolute bundle: %w", holder, bundle, errdefs.ErrInvalidArgument)
 	}
 	unlock, err := s.lockFamily(family)
@@ -213,8 +213,8 @@ func (s *Store) RefBundle(family, holder, bundle string, files []string) error {
 	return s.refLocked(family, holder, bundle, files)
 }
 
-// containerOf is the view of a HolderContainer holder.
-func containerOf(holder string) (view string, ok bool) {
+// holderView is the view of a HolderContainer holder.
+func holderView(holder string) (view string, ok bool) {
 	nsid, ok := strings.CutPrefix(holder, HolderContainer)
 	ns, id, found := strings.Cut(nsid, "/")
 	if !ok || !found || ns == "" || id == "" || strings.Contains(id, "/") {
@@ -432,7 +432,7 @@ func (s *Store) gcLocked(ctx context.Context, family string) ([]string, error) {
 	for path, r := range recs {
 		if !s.alive(family, r) {
 			log.G(ctx).WithField("family", family).WithField("holder", r.Holder).Debug("memfile: dropping dead holder")
-			if view, ok := containerOf(r.Holder); ok && r.Bundle != "" {
+			if view, ok := holderView(r.Holder); ok && r.Bundle != "" {
 				// Its task is gone: so is every use of its view, whose
 				// links would keep the files it pins.
 				if err := RemoveAll(s.ViewDir(view)); err != nil {

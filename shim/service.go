@@ -268,8 +268,9 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 		}
 		c.state.Snapshot = r.Checkpoint
 		c.state.Holder = containerHolder(ns, r.ID)
-		// Tied to the bundle: a shim that dies before this task exists
-		// leaves no delete to drop it, GC drops it once the bundle is gone.
+		// Tied to the bundle: if this shim dies before the task exists, its
+		// delete may find the bundle already gone and drop nothing; GC
+		// drops it once the bundle is gone.
 		if err := store.RefBundle(snap.Family, c.state.Holder, r.Bundle, snap.Files); err != nil {
 			return nil, fmt.Errorf("reference memory files of %s: %w", r.Checkpoint, err)
 		}

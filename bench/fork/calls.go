@@ -14,9 +14,10 @@ import (
 
 // runCallsOnly measures forks made one a call, as agents make them: a parent
 // of heapMiB forked n times in succession, one fork per call (a new snapshot
-// each), every fork kept. Per call it prints the fork's restore (task create
-// -> running), the call's wall time and the shims serving the stack; at the
-// end, the shims' PSS and each fork's memory with its share of them.
+// each), every fork kept. Per call it prints the call's restore phase
+// (Result.Restore: batch layer, container, task create and start), its wall
+// time and the shims serving the stack; then each fork's steps, the shims'
+// PSS and each fork's memory with its share of them.
 func runCallsOnly(heapMiB, n int) error {
 	bin, cleanupBin, err := repoBinaries()
 	if err != nil {
