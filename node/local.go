@@ -227,7 +227,6 @@ func (l *Local) SnapshotDirs(context.Context) ([]SnapshotDir, error) {
 	return out, nil
 }
 
-// Families reports every family in the memory store, by name.
 // CollectMemory runs the memory store's GC.
 func (l *Local) CollectMemory(ctx context.Context) ([]string, error) {
 	if _, err := os.Stat(l.root.Mem()); errors.Is(err, os.ErrNotExist) {
@@ -240,6 +239,7 @@ func (l *Local) CollectMemory(ctx context.Context) ([]string, error) {
 	return store.GC(ctx)
 }
 
+// Families reports every family in the memory store, by name.
 func (l *Local) Families(context.Context) ([]Family, error) {
 	memRoot := l.root.Mem()
 	ents, err := os.ReadDir(memRoot)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/containerd/log"
 
@@ -39,6 +40,11 @@ lazyfork setup does) or set the shims' LAZYFORK_API. Register it in containerd's
 
 and use it with: ctr run --snapshotter lazyfork ... (or the Go client's WithSnapshotter).
 
+Every --memory-gc-interval it frees what lazyfork gc would in LazyFork's memory
+store: memory files that no live task or snapshot references and no process
+maps, and the references and views of tasks containerd removed without their
+shim's delete (a shim killed while it created the task).
+
 Signals: SIGTERM stops after the calls in flight finish (use it for restarts and
 upgrades); SIGINT cancels them (a cancelled freeze leaves nothing behind). Neither
 touches layers or mounts: running containers keep working, and the next start
@@ -63,6 +69,7 @@ Config file (TOML; every key optional):
   mount_options = []        # added to every overlay mount
   async_remove = false      # free removed layers in Cleanup (after containerd's GC)
   log_level = "info"
+  memory_gc_interval = "1m" # free memory files nothing holds (as lazyfork gc does); "0": never
 `)
 	}
 	configPath := fs.String("config", "", "TOML config file")
@@ -71,6 +78,7 @@ Config file (TOML; every key optional):
 	lfRoot := fs.String("lazyfork-root", cfg.LazyForkRoot, "LazyFork's root (the shim's LAZYFORK_ROOT) that the node API serves")
 	ttrpcAddress := fs.String("ttrpc-address", "", "unix socket for the lazyfork.v1 ttrpc API (default <address>.ttrpc)")
 	logLevel := fs.String("log-level", cfg.LogLevel, "trace, debug, info, warn or error")
+	gcInterval := fs.Duration("memory-gc-interval", time.Duration(cfg.MemoryGCInterval), "how often to free the memory files of LazyFork's root that no live task or snapshot holds (0: never; lazyfork gc does it on demand)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if err == flag.ErrHelp {
@@ -106,6 +114,8 @@ Config file (TOML; every key optional):
 			cfg.TTRPCAddress = *ttrpcAddress
 		case "log-level":
 			cfg.LogLevel = *logLevel
+		case "memory-gc-interval":
+			cfg.MemoryGCInterval = server.Duration(*gcInterval)
 		}
 	})
 	if err := run(cfg); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
@@ -32,7 +33,36 @@ type Config struct {
 	AsyncRemove bool `toml:"async_remove"`
 	// LogLevel: trace, debug, info, warn, error.
 	LogLevel string `toml:"log_level"`
+	// MemoryGCInterval is how often the memory store of LazyForkRoot is
+	// collected (what lazyfork gc ends with): memory files no live holder
+	// references and no process maps are freed, with the references and
+	// views of tasks whose bundle containerd removed without a delete (a
+	// shim killed while it created the task). 0 turns it off.
+	MemoryGCInterval Duration `toml:"memory_gc_interval"`
 }
+
+// DefaultMemoryGCInterval: a leaked memory file can be a whole heap, and a
+// collection that finds nothing to free costs a directory walk.
+const DefaultMemoryGCInterval = time.Minute
+
+// Duration is a time.Duration written as in Go ("90s", "5m"; "0" for none).
+type Duration time.Duration
+
+// UnmarshalText parses a Go duration; negative ones are refused.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("duration %q (write it as 90s, 5m or 0): %w", b, errdefs.ErrInvalidArgument)
+	}
+	if v < 0 {
+		return fmt.Errorf("duration %q is negative: %w", b, errdefs.ErrInvalidArgument)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes it as Go does.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
 
 // DefaultRoot is where the layers live unless configured otherwise.
 const DefaultRoot = "/var/lib/lazyfork/snapshotter"
@@ -43,7 +73,8 @@ func DefaultConfig() Config {
 	if v := os.Getenv("LAZYFORK_ROOT"); v != "" {
 		root = v
 	}
-	return Config{Root: DefaultRoot, Address: client.DefaultAddress, LazyForkRoot: root, LogLevel: "info"}
+	return Config{Root: DefaultRoot, Address: client.DefaultAddress, LazyForkRoot: root, LogLevel: "info",
+		MemoryGCInterval: Duration(DefaultMemoryGCInterval)}
 }
 
 // LoadConfig reads a TOML file over DefaultConfig; unknown keys are errors,
@@ -83,6 +114,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("lazyfork_root is empty: %w", errdefs.ErrInvalidArgument)
 	case c.Address == "":
 		return fmt.Errorf("address is empty: %w", errdefs.ErrInvalidArgument)
+	case c.MemoryGCInterval < 0:
+		return fmt.Errorf("memory_gc_interval %s is negative (0 turns the collection off): %w", time.Duration(c.MemoryGCInterval), errdefs.ErrInvalidArgument)
+	case c.MemoryGCInterval > 0 && c.MemoryGCInterval < Duration(10*time.Millisecond):
+		// A bare TOML number decodes as nanoseconds.
+		return fmt.Errorf("memory_gc_interval %s is too short: give a unit, as in \"90s\" or \"5m\" (0 turns the collection off): %w", time.Duration(c.MemoryGCInterval), errdefs.ErrInvalidArgument)
 	case c.Address == c.ttrpcAddress():
 		return fmt.Errorf("address and ttrpc_address are both %s: %w", c.Address, errdefs.ErrInvalidArgument)
 	}

@@ -9,4 +9,12 @@
 // the same root. Stop(graceful=true), what SIGTERM does, lets calls in flight
 // (a freeze copy can take seconds) finish; Stop(false), what SIGINT does,
 // cancels them, and each cancelled freeze removes its partial copy.
+//
+// # Memory collection
+//
+// The server also runs the memory store's GC of LazyFork's root (what
+// lazyfork gc ends with) at its start and every Config.MemoryGCInterval.
+// A task removed without its shim's delete (its shim killed while creating
+// it) leaves a reference and a view that pin a memory file, possibly a whole
+// heap; nothing else would free it until someone ran lazyfork gc.
 package server

@@ -32,8 +32,10 @@ type Server struct {
 	grpc  *grpc.Server
 	ttrpc *ttrpc.Server
 	lns   []net.Listener
+	node  *node.Local
 
 	stopOnce sync.Once
+	stopped  chan struct{} // closed by Stop: ends the memory collection
 }
 
 // New opens the snapshotter (reconciling its root) and binds both sockets.
@@ -55,7 +57,8 @@ func New(ctx context.Context, cfg Config, version string) (*Server, error) {
 	// WaitForHandlers: Stop returns only once cancelled calls have cleaned
 	// up (a cancelled freeze removes its partial copy) and before the
 	// metadata store closes under them.
-	s := &Server{cfg: cfg, sn: sn, grpc: grpc.NewServer(grpc.WaitForHandlers(true))}
+	s := &Server{cfg: cfg, sn: sn, grpc: grpc.NewServer(grpc.WaitForHandlers(true)),
+		node: node.NewLocal(cfg.LazyForkRoot), stopped: make(chan struct{})}
 	snapshotsapi.RegisterSnapshotsServer(s.grpc, snapshotservice.FromSnapshotter(sn))
 	s.ttrpc, err = ttrpc.NewServer()
 	if err != nil {
@@ -65,7 +68,7 @@ func New(ctx context.Context, cfg Config, version string) (*Server, error) {
 	lazyforkv1.RegisterSnapshotterService(s.ttrpc, &snapshotter.Service{S: sn, Version: version})
 	// The node API: what clients need of LazyFork's root (package node),
 	// and the shims' fork-of of a running container or a kept snapshot.
-	lazyforkv1.RegisterNodeService(s.ttrpc, &node.Service{N: node.NewLocal(cfg.LazyForkRoot), ForkOf: &forkof.Server{Root: cfg.LazyForkRoot}})
+	lazyforkv1.RegisterNodeService(s.ttrpc, &node.Service{N: s.node, ForkOf: &forkof.Server{Root: cfg.LazyForkRoot}})
 	// Processes' stdio for clients that share no fifo directory with the shim.
 	lazyforkv1.RegisterStdioService(s.ttrpc, &node.StdioService{})
 
@@ -89,8 +92,12 @@ func (s *Server) Serve(ctx context.Context) error {
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.lns[0]) }()
 	go func() { errc <- s.ttrpc.Serve(ctx, s.lns[1]) }()
+	if iv := time.Duration(s.cfg.MemoryGCInterval); iv > 0 {
+		go s.collectMemory(ctx, iv)
+	}
 	log.G(ctx).WithField("address", s.cfg.Address).WithField("ttrpc", s.cfg.ttrpcAddress()).
-		WithField("root", s.cfg.Root).WithField("lazyfork_root", s.cfg.LazyForkRoot).Info("lazyfork-snapshotter serving")
+		WithField("root", s.cfg.Root).WithField("lazyfork_root", s.cfg.LazyForkRoot).
+		WithField("memory_gc_interval", time.Duration(s.cfg.MemoryGCInterval)).Info("lazyfork-snapshotter serving")
 	var first error
 	for range 2 {
 		err := <-errc
@@ -107,6 +114,7 @@ func (s *Server) Serve(ctx context.Context) error {
 // cancelled.
 func (s *Server) Stop(ctx context.Context, graceful bool) {
 	s.stopOnce.Do(func() {
+		close(s.stopped)
 		if graceful {
 			done := make(chan struct{})
 			go func() {
@@ -131,6 +139,30 @@ func (s *Server) Stop(ctx context.Context, graceful bool) {
 			log.G(ctx).WithError(err).Warn("close snapshotter")
 		}
 	})
+}
+
+// collectMemory runs the memory store's GC at start and then every
+// interval until Stop. Nothing else frees what a task that vanished without
+// its shim's delete pinned (its bundle removed while its shim died): without
+// this, only lazyfork gc would.
+func (s *Server) collectMemory(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		freed, err := s.node.CollectMemory(ctx)
+		l := log.G(ctx).WithField("lazyfork_root", s.node.Root())
+		if err != nil {
+			l.WithError(err).WithField("next", interval).Warn("memory collection failed (lazyfork gc runs it at once)")
+		}
+		if len(freed) > 0 {
+			l.WithField("freed", freed).Info("memory collection freed files no live task or snapshot held")
+		}
+		select {
+		case <-s.stopped:
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Cancel cancels the calls in flight, making a graceful Stop finish now.

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/testutil"
+	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/snapshotter"
 )
 
@@ -41,6 +43,33 @@ func TestLoadConfig(t *testing.T) {
 		t.Errorf("ttrpc address %q", got)
 	}
 
+	if time.Duration(cfg.MemoryGCInterval) != DefaultMemoryGCInterval {
+		t.Errorf("memory_gc_interval %v, want the default %v", time.Duration(cfg.MemoryGCInterval), DefaultMemoryGCInterval)
+	}
+	for text, want := range map[string]time.Duration{`"90s"`: 90 * time.Second, `"0"`: 0} {
+		if err := os.WriteFile(p, []byte("memory_gc_interval = "+text+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if cfg, err := LoadConfig(p); err != nil || time.Duration(cfg.MemoryGCInterval) != want {
+			t.Errorf("memory_gc_interval = %s: %v (%v), want %v", text, time.Duration(cfg.MemoryGCInterval), err, want)
+		}
+	}
+	for _, bad := range []string{`"soon"`, `"-1s"`} {
+		if err := os.WriteFile(p, []byte("memory_gc_interval = "+bad+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadConfig(p); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("memory_gc_interval = %s: %v, want invalid argument", bad, err)
+		}
+	}
+	// A bare number reads as nanoseconds: a busy loop, refused.
+	if err := os.WriteFile(p, []byte("memory_gc_interval = 60\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := LoadConfig(p); err != nil || !errdefs.IsInvalidArgument(cfg.Validate()) {
+		t.Errorf("memory_gc_interval = 60: load %v, validate %v; want it refused", err, cfg.Validate())
+	}
+
 	if err := os.WriteFile(p, []byte("rooot = \"/typo\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -59,6 +88,7 @@ func TestValidate(t *testing.T) {
 		{Root: "/r"},
 		{Root: "/r", Address: "/a.sock", TTRPCAddress: "/a.sock"},
 		{Root: "/r", Address: long},
+		{Root: "/r", Address: "/a.sock", LazyForkRoot: "/l", MemoryGCInterval: -1},
 	} {
 		if err := c.Validate(); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%+v: %v, want invalid argument", c, err)
@@ -198,5 +228,87 @@ func TestStopCancelsFreeze(t *testing.T) {
 	}
 	if _, err := s2.Stat(ctx, "ctr"); err != nil {
 		t.Errorf("the source went: %v", err)
+	}
+}
+
+// The server collects LazyFork's memory store on its own: a file a task's
+// reference holds stays while the task's bundle does, and is freed, with the
+// reference and the task's view, once containerd removed the bundle without
+// the shim's delete (as when a shim dies creating the task). Nobody calls
+// lazyfork gc here.
+func TestMemoryCollection(t *testing.T) {
+	ctx := context.Background()
+	sockDir, err := os.MkdirTemp("", "lfsn-srv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sockDir)
+	cfg := DefaultConfig()
+	cfg.Root = t.TempDir()
+	cfg.LazyForkRoot = t.TempDir()
+	cfg.Address = filepath.Join(sockDir, "s.sock")
+	cfg.MemoryGCInterval = Duration(20 * time.Millisecond)
+
+	memRoot := api.Root(cfg.LazyForkRoot).Mem()
+	t.Cleanup(func() { memfile.RemoveAll(memRoot) })
+	store, err := memfile.OpenStore(memRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf, err := store.CreateFile("fam")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pf.File().WriteAt([]byte("heap"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	// Published for a snapshot that is gone: only the task's reference holds it.
+	if err := pf.Publish(memfile.HolderSnapshot + "/nowhere"); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(memRoot, "fam", pf.Name())
+	holder := memfile.HolderContainer + "ns/c1"
+	bundle := filepath.Join(t.TempDir(), "io.containerd.runtime.v2.task", "ns", "c1")
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RefBundle("fam", holder, bundle, []string{pf.Name()}); err != nil {
+		t.Fatal(err)
+	}
+	view := memfile.ViewName("ns", "c1")
+	if _, err := store.LinkView("fam", view, []string{pf.Name()}); err != nil {
+		t.Fatal(err)
+	}
+
+	srv, err := New(ctx, cfg, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	defer func() {
+		srv.Stop(ctx, true)
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+
+	exists := func(p string) bool { _, err := os.Lstat(p); return err == nil }
+	time.Sleep(25 * time.Duration(cfg.MemoryGCInterval))
+	if !exists(file) || !exists(store.ViewDir(view)) {
+		t.Fatalf("collected while the task's bundle is there: file %v, view %v", exists(file), exists(store.ViewDir(view)))
+	}
+	if err := os.RemoveAll(bundle); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for exists(file) || exists(store.ViewDir(view)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the bundle went: file %v, view %v; want both collected", exists(file), exists(store.ViewDir(view)))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if h, err := store.Holders("fam"); err == nil && len(h) != 0 {
+		t.Errorf("holders %v after the collection, want none", h)
 	}
 }
