@@ -56,7 +56,10 @@ func (s *ownSnapshotter) start(t *testing.T) {
 	defer logf.Close()
 	_ = os.Remove(s.address)
 	_ = os.Remove(snapclient.TTRPCAddress(s.address))
-	s.cmd = exec.Command(filepath.Join(s.bin, "lazyfork-snapshotter"), "--root", s.root, "--address", s.address)
+	// A LazyFork root of its own: never the host's, which its memory
+	// collection would otherwise walk.
+	s.cmd = exec.Command(filepath.Join(s.bin, "lazyfork-snapshotter"), "--root", s.root, "--address", s.address,
+		"--lazyfork-root", filepath.Join(filepath.Dir(s.root), "lazyfork"))
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)

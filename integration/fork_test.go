@@ -906,7 +906,7 @@ func startSnapshotter(t *testing.T, bin string) (root, address string) {
 			c.Close()
 		}
 		return err
-	}, "--root", root, "--address", address)
+	}, "--root", root, "--address", address, "--lazyfork-root", filepath.Join(dir, "lazyfork")) // never the host's
 	return root, address
 }
 

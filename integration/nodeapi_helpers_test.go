@@ -36,7 +36,9 @@ func newNodeAPI(t *testing.T) *nodeAPI {
 func (n *nodeAPI) Env() string { return "LAZYFORK_API=" + n.socket }
 
 // start runs the snapshotter on LazyFork root root until the test ends;
-// call it after startLF, so that it stops before containerd's teardown.
+// call it after startLF, so that it stops before containerd's teardown. Its
+// memory collection runs every memoryGCInterval, far more often than the
+// default, so that the tests' forks, snapshots and pods run beside it.
 func (n *nodeAPI) start(t *testing.T, bin, root string) {
 	t.Helper()
 	runSnapshotter(t, bin, filepath.Join(n.dir, "snapshotter.log"), n.dir, func() error {
@@ -44,8 +46,13 @@ func (n *nodeAPI) start(t *testing.T, bin, root string) {
 		defer r.Close()
 		_, err := r.FreeSpace(context.Background())
 		return err
-	}, "--root", filepath.Join(n.dir, "sn"), "--address", filepath.Join(n.dir, "sn.sock"), "--lazyfork-root", root)
+	}, "--root", filepath.Join(n.dir, "sn"), "--address", filepath.Join(n.dir, "sn.sock"), "--lazyfork-root", root,
+		"--memory-gc-interval", memoryGCInterval)
 }
+
+// memoryGCInterval is the memory collection's interval in the snapshotters
+// the tests run on a stack's LazyFork root.
+const memoryGCInterval = "200ms"
 
 // runSnapshotter runs bin's lazyfork-snapshotter with args until the test
 // ends (SIGTERM, then SIGKILL after 30 s; its log, logPath, shown if the test

@@ -272,7 +272,7 @@ func run(ctx context.Context, o options) (int, error) {
 		Runtimes:  []harness.Runtime{lf},
 	}
 	if o.snapshotter {
-		snRoot, address, stopSn, err := startSnapshotter(o.bin, o.out)
+		snRoot, address, stopSn, err := startSnapshotter(o.bin, o.out, root)
 		if err != nil {
 			return 0, err
 		}
@@ -324,15 +324,16 @@ func run(ctx context.Context, o options) (int, error) {
 	return report(os.Stdout, o.handlers, results), nil
 }
 
-// startSnapshotter runs lazyfork-snapshotter under dir until stop.
-func startSnapshotter(bin, dir string) (root, address string, stop func(), _ error) {
+// startSnapshotter runs lazyfork-snapshotter under dir, serving (and
+// collecting the memory of) the stack's LazyFork root lfRoot, until stop.
+func startSnapshotter(bin, dir, lfRoot string) (root, address string, stop func(), _ error) {
 	root, address = filepath.Join(dir, "snapshotter"), filepath.Join(dir, "sn.sock")
 	logf, err := os.Create(filepath.Join(dir, "snapshotter.log"))
 	if err != nil {
 		return "", "", nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), "--root", root, "--address", address)
+	cmd := exec.Command(filepath.Join(bin, "lazyfork-snapshotter"), "--root", root, "--address", address, "--lazyfork-root", lfRoot)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return "", "", nil, err
