@@ -28,7 +28,10 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
-	os.Exit(m.Run())
+	// A killed run's copies must not outlive it (rungroup_test.go).
+	g := enterRunGroup()
+	code := m.Run()
+	os.Exit(g.leave(code))
 }
 
 // harness is one family in a private tmpfs, plus the processes a test made.
