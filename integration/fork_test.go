@@ -352,8 +352,8 @@ func pyHold(mib int, extra string) []string {
 }
 
 // assertNothingLeft checks that nothing remains of the containers ids: no
-// container, task, rootfs snapshot, mount, cgroup, bundle or memory-file
-// reference; and that the parent still runs, unpaused.
+// container, task, rootfs snapshot, mount, cgroup, bundle, runc state or
+// memory-file reference; and that the parent still runs, unpaused.
 func (e *lfEnv) assertNothingLeft(t *testing.T, ctx context.Context, parent string, family string, ids []string) {
 	t.Helper()
 	cl := e.Client()
@@ -381,6 +381,9 @@ func (e *lfEnv) assertNothingLeft(t *testing.T, ctx context.Context, parent stri
 		}
 		if _, err := os.Stat(filepath.Join(e.State, "io.containerd.runtime.v2.task", e.Namespace, id)); err == nil {
 			t.Errorf("bundle of %s left", id)
+		}
+		if _, err := os.Stat(filepath.Join(e.RuncRoot, e.Namespace, id)); err == nil {
+			t.Errorf("runc's state of %s left", id)
 		}
 	}
 	mounts, _ := harness.MountsUnder(e.Dir)

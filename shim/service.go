@@ -28,8 +28,10 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/lazyfork/lazyfork/api"
+	"github.com/lazyfork/lazyfork/internal/shimaddr"
 	"github.com/lazyfork/lazyfork/memfile"
 	"github.com/lazyfork/lazyfork/memfile/madvguard"
 )
@@ -896,8 +898,17 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	sup.close(ctx)
 	if err := s.release(ctx, c); err != nil {
 		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("lazyfork: release deleted container")
-	} else if err := writeState(c.bundle, &c.state); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return resp, nil
+	}
+	if err := writeState(c.bundle, &c.state); err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.G(ctx).WithError(err).Debug("lazyfork: record release")
+	}
+	// Nothing is left for the `delete` containerd runs next: the front
+	// answers it from the bundle.
+	if b, err := proto.Marshal(resp); err == nil {
+		if err := shimaddr.WriteDeleted(c.bundle, b); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Debug("lazyfork: record the delete for the front")
+		}
 	}
 	return resp, nil
 }

@@ -17,11 +17,13 @@ import (
 	"time"
 
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/lazyfork/lazyfork/api"
 	"github.com/lazyfork/lazyfork/internal/shimaddr"
@@ -668,4 +670,61 @@ func children(t *testing.T) []int {
 		}
 	}
 	return out
+}
+
+// `delete` of a task the full shim's Delete RPC deleted is the front's: it
+// prints the DeleteResponse recorded in the bundle, byte for byte, as the
+// full shim's `delete` prints one, and runs no full shim. Without a record
+// (or for an id containerd would not give) it is the full shim's.
+func TestDeleteOfADeletedTask(t *testing.T) {
+	tasks := t.TempDir()
+	bundle := filepath.Join(tasks, "fork-1")
+	if err := os.Mkdir(bundle, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, shimaddr.SpecFile), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := proto.Marshal(&taskAPI.DeleteResponse{Pid: 42, ExitStatus: 137, ExitedAt: timestamppb.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{"-namespace", "default", "-address", "/run/containerd/containerd.sock", "-publish-binary", "/usr/local/bin/containerd", "-id", "fork-1", "delete"}
+	a, _ := parseArgs(argv)
+	t.Chdir(bundle)
+	if _, ok := deleted(a); ok {
+		t.Fatal("no record: the front answered")
+	}
+	if err := shimaddr.WriteDeleted(bundle, resp); err != nil {
+		t.Fatal(err)
+	}
+	if out, ok := deleted(a); !ok || !bytes.Equal(out, resp) {
+		t.Fatalf("recorded: front answered % x (%v), want % x", out, ok, resp)
+	}
+	for _, id := range []string{"../fork-1", ""} {
+		if _, ok := deleted(args{namespace: "default", id: id, action: "delete"}); ok {
+			t.Errorf("id %q: the front answered", id)
+		}
+	}
+
+	// As containerd runs it: a process in the bundle, the full shim absent.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, argv...)
+	cmd.Dir = bundle
+	cmd.Env = append(os.Environ(), frontEnv+"=1")
+	out, err := cmd.Output()
+	if err != nil || !bytes.Equal(out, resp) {
+		t.Fatalf("front delete: % x (%v), want % x", out, err, resp)
+	}
+	var got taskAPI.DeleteResponse
+	if err := proto.Unmarshal(out, &got); err != nil || got.Pid != 42 || got.ExitStatus != 137 {
+		t.Errorf("containerd would read %v (%v), want pid 42, status 137", &got, err)
+	}
+	os.Remove(filepath.Join(bundle, shimaddr.DeletedFile))
+	if out, err := cmd.Output(); err == nil {
+		t.Errorf("no record and no full shim: the front answered % x", out)
+	}
 }
