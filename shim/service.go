@@ -395,16 +395,19 @@ func releaseContainer(ctx context.Context, cfg Config, st *containerState) error
 	if st.Family == "" {
 		return nil
 	}
+	drop := map[string]bool{}
 	for _, h := range holders {
-		if h == "" {
-			continue
-		}
-		if err := store.Unref(st.Family, h); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("unref %s in family %s: %w", h, st.Family, err)
+		if h != "" {
+			drop[h] = true
 		}
 	}
-	if err := dropPatchHolders(store, st, ""); err != nil {
-		return fmt.Errorf("unref patches in family %s: %w", st.Family, err)
+	patches := patchesHolder(st.Namespace, st.ID, "")
+	// One pass over the family's references: a family of many forks has
+	// many, and a delete would otherwise read them once a holder.
+	if err := store.UnrefMatching(st.Family, func(h string) bool {
+		return drop[h] || strings.HasPrefix(h, patches)
+	}); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("unref %s's references in family %s: %w", st.ID, st.Family, err)
 	}
 	st.Holder, st.MovedFiles = "", nil
 	dropFamilyRecord(cfg, st.Family)
