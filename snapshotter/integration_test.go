@@ -117,7 +117,10 @@ func (d *daemon) start() {
 		d.t.Fatal(err)
 	}
 	defer logf.Close()
-	d.cmd = exec.Command(d.bin, "--root", d.root, "--address", d.address, "--log-level", "debug")
+	// A LazyFork root of its own: never the host's, which its memory
+	// collection would walk.
+	d.cmd = exec.Command(d.bin, "--root", d.root, "--address", d.address, "--log-level", "debug",
+		"--lazyfork-root", filepath.Join(filepath.Dir(d.root), "lazyfork"))
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)

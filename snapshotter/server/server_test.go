@@ -137,19 +137,29 @@ func TestListen(t *testing.T) {
 	}
 }
 
+// testConfig is a server's configuration on roots of the test's own (never
+// the host's LazyFork root, which the memory collection would walk), its
+// sockets in a directory short enough for their paths.
+func testConfig(t *testing.T) Config {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "lfsn-srv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	cfg := DefaultConfig()
+	cfg.Root = t.TempDir()
+	cfg.LazyForkRoot = t.TempDir()
+	cfg.Address = filepath.Join(sockDir, "s.sock")
+	return cfg
+}
+
 // SIGINT's Stop(false) cancels a freeze in flight: the call fails, its
 // partial copy is gone when Stop returns, and a restart finds no trace.
 func TestStopCancelsFreeze(t *testing.T) {
 	testutil.Integration(t) // writes 1 GiB
 	ctx := context.Background()
-	sockDir, err := os.MkdirTemp("", "lfsn-srv-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(sockDir)
-	cfg := DefaultConfig()
-	cfg.Root = t.TempDir()
-	cfg.Address = filepath.Join(sockDir, "s.sock")
+	cfg := testConfig(t)
 	srv, err := New(ctx, cfg, "test")
 	if err != nil {
 		t.Fatal(err)
@@ -238,15 +248,7 @@ func TestStopCancelsFreeze(t *testing.T) {
 // lazyfork gc here.
 func TestMemoryCollection(t *testing.T) {
 	ctx := context.Background()
-	sockDir, err := os.MkdirTemp("", "lfsn-srv-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(sockDir)
-	cfg := DefaultConfig()
-	cfg.Root = t.TempDir()
-	cfg.LazyForkRoot = t.TempDir()
-	cfg.Address = filepath.Join(sockDir, "s.sock")
+	cfg := testConfig(t)
 	cfg.MemoryGCInterval = Duration(20 * time.Millisecond)
 
 	memRoot := api.Root(cfg.LazyForkRoot).Mem()
