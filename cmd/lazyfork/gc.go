@@ -12,7 +12,7 @@ func init() {
 	register(&command{
 		name:  "gc",
 		args:  "[--dry-run]",
-		short: "undo forks whose process died mid-way (thaw their parents, remove half-made copies, snapshots, leases), remove orphaned snapshots, the logs of containers other tools removed, and memory references whose task is gone (with the memory files only they held)",
+		short: "undo forks whose process died mid-way (thaw their parents, remove half-made copies, snapshots, leases), remove orphaned snapshots, the logs of containers other tools removed, and memory references whose task is gone (with the memory files only they held; lazyfork-snapshotter also frees those every --memory-gc-interval, a minute by default)",
 		example: `  lazyfork gc             # prints one line per object removed
   lazyfork gc --dry-run   # prints what it would remove`,
 		flags: func(fs *pflag.FlagSet) {
