@@ -1,3 +1,5 @@
+//go:build linux
+
 package shimaddr
 
 import (
@@ -36,7 +38,8 @@ func WriteDeleted(bundle string, response []byte) error {
 // larger than a DeleteResponse can be, and not older than the bundle's spec
 // (a bundle made again for a new task with the same id has a newer spec).
 func ReadDeleted(bundle string) ([]byte, bool) {
-	f, err := os.OpenFile(filepath.Join(bundle, DeletedFile), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	// O_NONBLOCK: a fifo there must not hang the delete.
+	f, err := os.OpenFile(filepath.Join(bundle, DeletedFile), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, false
 	}
