@@ -29,9 +29,21 @@ func (s *Store) ownerPath(family string) string { return filepath.Join(s.stateDi
 // error wrapping errdefs.ErrAlreadyExists, naming both namespaces, if
 // another namespace owns it. The record lives in
 // <root>/.state/<family>/owner.json until the family has no files, no
-// holders and no views left (see GC); keep a family that has no files yet
-// alive with a holder (Ref with no files) or a view (LinkView).
+// holders and no views left (see GC): a family claimed with Claim alone is
+// removed by the next GC until it has one. ClaimHeld claims and holds it in
+// one step.
 func (s *Store) Claim(family string, o Owner) error {
+	return s.ClaimHeld(family, o, "", "")
+}
+
+// ClaimHeld is Claim that also records holder's reference, with no files
+// (tied to bundle if set, as RefBundle), under the same lock: the family
+// lives from its claim on. Between a bare Claim and the claimer's first
+// file, reference or view, a GC (lazyfork gc, or the snapshotter's periodic
+// one) would find the family empty and take its owner away. A claimer whose
+// later files are held by other holders drops holder with Unref once they
+// are; "" records none.
+func (s *Store) ClaimHeld(family string, o Owner, holder, bundle string) error {
 	if err := checkFamily(family); err != nil {
 		return err
 	}
@@ -46,21 +58,24 @@ func (s *Store) Claim(family string, o Owner) error {
 	cur, err := s.readOwner(family)
 	switch {
 	case err == nil:
-		if cur.Namespace == o.Namespace {
-			return nil
+		if cur.Namespace != o.Namespace {
+			return fmt.Errorf("family %s belongs to containerd namespace %q (started by container %q); a container of namespace %q cannot join or fork it: use another family name: %w",
+				family, cur.Namespace, cur.Root, o.Namespace, errdefs.ErrAlreadyExists)
 		}
-		return fmt.Errorf("family %s belongs to containerd namespace %q (started by container %q); a container of namespace %q cannot join or fork it: use another family name: %w",
-			family, cur.Namespace, cur.Root, o.Namespace, errdefs.ErrAlreadyExists)
 	case !errdefs.IsNotFound(err):
 		return err
+	default:
+		if o.Created.IsZero() {
+			o.Created = time.Now().UTC()
+		}
+		if err := writeJSONAtomic(s.ownerPath(family), &o, 0o600); err != nil {
+			return fmt.Errorf("claim family %s: %w", family, err)
+		}
 	}
-	if o.Created.IsZero() {
-		o.Created = time.Now().UTC()
+	if holder == "" {
+		return nil
 	}
-	if err := writeJSONAtomic(s.ownerPath(family), &o, 0o600); err != nil {
-		return fmt.Errorf("claim family %s: %w", family, err)
-	}
-	return nil
+	return s.refLocked(family, holder, bundle, nil)
 }
 
 // Owner returns the owner of family; errdefs.ErrNotFound if it has none.

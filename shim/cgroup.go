@@ -74,10 +74,10 @@ func killCgroup(cgroupsPath string) int {
 // which containerd would then try to delete file by file, and runc's
 // criu-root bind of the rootfs in its state directory <root>/<ns>/<id>.
 // CRIU and runc remove both themselves when they end normally.
-func unmountRestoreLeftovers(ctx context.Context, ns, id string) {
+func unmountRestoreLeftovers(ctx context.Context, ns, id string) (clean bool) {
 	ms, err := procfs.Mounts()
 	if err != nil {
-		return
+		return false
 	}
 	// The work directory is the bundle's, named after the id; containerd
 	// renames a bundle it deletes to ".<id>" first.
@@ -91,26 +91,32 @@ func unmountRestoreLeftovers(ctx context.Context, ns, id string) {
 	}
 	// Deepest first: a yard's hierarchies, then the yard itself.
 	slices.SortFunc(found, func(a, b string) int { return len(b) - len(a) })
+	clean = true
 	for _, m := range found {
 		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			log.G(ctx).WithError(err).WithField("mount", m).Warn("lazyfork: unmount what a killed restore left")
+			clean = false
 			continue
 		}
 		_ = os.Remove(m)
 	}
+	return clean
 }
 
 // removeCgroup removes the (empty) cgroup directories of a cgroupfs-style
 // cgroupsPath in every hierarchy. runc removes them itself when it deletes a
 // container it knows; after a failed restore runc knows no container, and the
 // directories CRIU or runc made would stay behind. Busy or missing directories
-// are left alone.
-func removeCgroup(ctx context.Context, cgroupsPath string) {
+// are left alone; clean is false if a directory stays.
+func removeCgroup(ctx context.Context, cgroupsPath string) (clean bool) {
+	clean = true
 	for _, d := range cgroupDirs(cgroupsPath) {
 		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 			log.G(ctx).WithError(err).WithField("cgroup", d).Debug("lazyfork: leave cgroup")
+			clean = false
 		}
 	}
+	return clean
 }
 
 // loadCgroup loads the cgroup a process lives in, the way runc's shim does for

@@ -277,7 +277,9 @@ func (s *Service) prepare(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ 
 			return nil, fmt.Errorf("reference memory files of %s: %w", r.Checkpoint, err)
 		}
 	} else {
-		if c.state.Family, err = claimRootFamily(store, ns, r.ID); err != nil {
+		// Dropped on delete, as a fork's, or by GC once the bundle is gone.
+		c.state.Holder = containerHolder(ns, r.ID)
+		if c.state.Family, err = claimRootFamily(store, ns, r.ID, c.state.Holder, r.Bundle); err != nil {
 			return nil, err
 		}
 	}
@@ -360,10 +362,23 @@ func (s *Service) release(ctx context.Context, c *container) error {
 
 func releaseContainer(ctx context.Context, cfg Config, st *containerState) error {
 	dropConsolidation(st.Namespace, st.ID)
+	left := false
 	if st.Snapshot != "" {
-		unmountRestoreLeftovers(ctx, st.Namespace, st.ID)
-		removeCgroup(ctx, st.CgroupsPath)
+		left = !unmountRestoreLeftovers(ctx, st.Namespace, st.ID)
+		left = !removeCgroup(ctx, st.CgroupsPath) || left
 	}
+	err := releaseMemory(ctx, cfg, st)
+	if err == nil && left {
+		// Not released: the shim binary's delete (containerd runs it
+		// next) tries again.
+		err = fmt.Errorf("%s: a failed restore left mounts or cgroups that are still busy", st.ID)
+	}
+	return err
+}
+
+// releaseMemory drops what a container holds in its family: its references
+// (and its unpacked checkpoint's), its view.
+func releaseMemory(ctx context.Context, cfg Config, st *containerState) error {
 	holders := []string{st.Holder, exportHolder(st.Namespace, st.ID)}
 	for _, f := range st.MovedFiles {
 		holders = append(holders, movedHolder(st.Namespace, st.ID, f))

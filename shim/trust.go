@@ -163,12 +163,14 @@ func within(path, dir string) bool {
 // claimRootFamily starts the family of a root container: its id, or, if a
 // container of another namespace already owns that name, its id with a
 // suffix of its namespace's hash. A family is never shared across
-// namespaces.
-func claimRootFamily(store *memfile.Store, ns, id string) (string, error) {
+// namespaces. The container's reference (holder, tied to its task's bundle)
+// is recorded with the claim, so that no GC finds the family empty before
+// the container's view exists.
+func claimRootFamily(store *memfile.Store, ns, id, holder, bundle string) (string, error) {
 	sum := sha256.Sum256([]byte(ns))
 	var errs []error
 	for _, family := range []string{id, id + "-" + hex.EncodeToString(sum[:4])} {
-		err := store.Claim(family, memfile.Owner{Namespace: ns, Root: id, Created: time.Now().UTC()})
+		err := store.ClaimHeld(family, memfile.Owner{Namespace: ns, Root: id, Created: time.Now().UTC()}, holder, bundle)
 		if err == nil {
 			return family, nil
 		}
