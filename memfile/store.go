@@ -352,16 +352,27 @@ func readRecord(path string) (*holderRecord, error) {
 // alive reports whether a holder still holds its files.
 func (s *Store) alive(family string, r *holderRecord) bool {
 	switch {
+	// Dead only when known to be: a holder whose record cannot be read for
+	// now (EIO, EMFILE) stays; dropping it could free what it still maps.
 	case strings.HasPrefix(r.Holder, HolderSnapshot):
 		info, err := ReadSnapshot(strings.TrimPrefix(r.Holder, HolderSnapshot))
-		return err == nil && info.Family == family
+		switch {
+		case err == nil:
+			return info.Family == family
+		case errdefs.IsNotFound(err), errors.Is(err, unix.ENOTDIR), errdefs.IsDataLoss(err):
+			return false // gone, or no snapshot any more
+		}
+		return true
 	case strings.HasPrefix(r.Holder, HolderPID):
 		pid, err := strconv.Atoi(strings.TrimPrefix(r.Holder, HolderPID))
 		if err != nil {
 			return false
 		}
 		start, err := pidStartTime(pid)
-		return err == nil && start == r.PIDStart
+		if err != nil {
+			return !errdefs.IsNotFound(err) // gone, or a zombie
+		}
+		return start == r.PIDStart
 	case r.Bundle != "":
 		// Dead only where the task root holding the bundle (containerd's
 		// <state>/io.containerd.runtime.v2.task) is seen without it: a
@@ -399,7 +410,7 @@ func checkFileName(f string) error {
 // and no process maps, drops dead holders, and removes memory files left
 // half-written by a writer that died. A family left with no files, no
 // holders and no views is removed with its state (owner included). It may
-// be called at any time.
+// be called at any time; a cancelled ctx stops it between families.
 func (s *Store) GC(ctx context.Context) ([]string, error) {
 	ents, err := os.ReadDir(s.root)
 	if err != nil {
@@ -421,6 +432,10 @@ func (s *Store) GC(ctx context.Context) ([]string, error) {
 	var freed []string
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(families)) {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
 		unlock, err := s.lockFamily(name)
 		if err != nil {
 			errs = append(errs, err)
@@ -598,7 +613,9 @@ func mappedFiles(cands map[fileKey]string) map[fileKey]bool {
 }
 
 // eachMapping calls fn for every mapping, by any process, of a candidate:
-// the file range [off, off+n) it maps.
+// the file range [off, off+n) it maps. Processes whose maps root may not
+// read are passed over: counting them as mapping everything would free
+// nothing on hosts where one always refuses (a VM's init here, pid 1).
 func eachMapping(cands map[fileKey]string, fn func(k fileKey, off, n uint64)) {
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {

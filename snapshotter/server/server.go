@@ -35,7 +35,13 @@ type Server struct {
 	node  *node.Local
 
 	stopOnce sync.Once
-	stopped  chan struct{} // closed by Stop: ends the memory collection
+
+	// The memory collection: Serve starts it unless Stop came first; Stop
+	// cancels it and waits for it.
+	gcMu     sync.Mutex
+	stopping bool
+	stopGC   context.CancelFunc
+	gcDone   chan struct{}
 }
 
 // New opens the snapshotter (reconciling its root) and binds both sockets.
@@ -58,7 +64,7 @@ func New(ctx context.Context, cfg Config, version string) (*Server, error) {
 	// up (a cancelled freeze removes its partial copy) and before the
 	// metadata store closes under them.
 	s := &Server{cfg: cfg, sn: sn, grpc: grpc.NewServer(grpc.WaitForHandlers(true)),
-		node: node.NewLocal(cfg.LazyForkRoot), stopped: make(chan struct{})}
+		node: node.NewLocal(cfg.LazyForkRoot)}
 	snapshotsapi.RegisterSnapshotsServer(s.grpc, snapshotservice.FromSnapshotter(sn))
 	s.ttrpc, err = ttrpc.NewServer()
 	if err != nil {
@@ -92,9 +98,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.lns[0]) }()
 	go func() { errc <- s.ttrpc.Serve(ctx, s.lns[1]) }()
-	if iv := time.Duration(s.cfg.MemoryGCInterval); iv > 0 {
-		go s.collectMemory(ctx, iv)
-	}
+	s.startMemoryCollection(ctx)
 	log.G(ctx).WithField("address", s.cfg.Address).WithField("ttrpc", s.cfg.ttrpcAddress()).
 		WithField("root", s.cfg.Root).WithField("lazyfork_root", s.cfg.LazyForkRoot).
 		WithField("memory_gc_interval", time.Duration(s.cfg.MemoryGCInterval)).Info("lazyfork-snapshotter serving")
@@ -114,7 +118,7 @@ func (s *Server) Serve(ctx context.Context) error {
 // cancelled.
 func (s *Server) Stop(ctx context.Context, graceful bool) {
 	s.stopOnce.Do(func() {
-		close(s.stopped)
+		s.stopMemoryCollection()
 		if graceful {
 			done := make(chan struct{})
 			go func() {
@@ -141,6 +145,37 @@ func (s *Server) Stop(ctx context.Context, graceful bool) {
 	})
 }
 
+// startMemoryCollection starts collectMemory, every MemoryGCInterval, unless
+// that is 0 or the server is stopping.
+func (s *Server) startMemoryCollection(ctx context.Context) {
+	iv := time.Duration(s.cfg.MemoryGCInterval)
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	if iv <= 0 || s.stopping || s.gcDone != nil {
+		return
+	}
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	s.stopGC, s.gcDone = cancel, done
+	go func() {
+		defer close(done)
+		s.collectMemory(gctx, iv)
+	}()
+}
+
+// stopMemoryCollection stops the collection (one under way stops between
+// families) and waits for it.
+func (s *Server) stopMemoryCollection() {
+	s.gcMu.Lock()
+	s.stopping = true
+	cancel, done := s.stopGC, s.gcDone
+	s.gcMu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
 // collectMemory runs the memory store's GC at start and then every
 // interval until Stop. Nothing else frees what a task that vanished without
 // its shim's delete pinned (its bundle removed while its shim died): without
@@ -151,14 +186,14 @@ func (s *Server) collectMemory(ctx context.Context, interval time.Duration) {
 	for {
 		freed, err := s.node.CollectMemory(ctx)
 		l := log.G(ctx).WithField("lazyfork_root", s.node.Root())
-		if err != nil {
+		if err != nil && ctx.Err() == nil {
 			l.WithError(err).WithField("next", interval).Warn("memory collection failed (lazyfork gc runs it at once)")
 		}
 		if len(freed) > 0 {
 			l.WithField("freed", freed).Info("memory collection freed files no live task or snapshot held")
 		}
 		select {
-		case <-s.stopped:
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
