@@ -12,7 +12,8 @@ package fidelity_test
 // next run kills and removes it (cgroup.kill, Linux 5.14). The start time in the
 // name tells a live run from a dead one whose PID was reused. The cgroup sits
 // outside the one the run came from: a job runner that kills its job's cgroup
-// misses it, the next run does not.
+// misses it, the next run does not. Runs must share a PID namespace (they do
+// on a CI host): a live run whose PID another namespace hides looks dead.
 
 import (
 	"errors"

@@ -47,12 +47,24 @@ func (n *nodeAPI) start(t *testing.T, bin, root string) {
 		_, err := r.FreeSpace(context.Background())
 		return err
 	}, "--root", filepath.Join(n.dir, "sn"), "--address", filepath.Join(n.dir, "sn.sock"), "--lazyfork-root", root,
-		"--memory-gc-interval", memoryGCInterval)
+		"--memory-gc-interval", testMemoryGCInterval())
 }
 
 // memoryGCInterval is the memory collection's interval in the snapshotters
 // the tests run on a stack's LazyFork root.
 const memoryGCInterval = "200ms"
+
+// noMemoryGCEnv, set to "0", turns the collection off in the snapshotters
+// of the test that sets it: a test of what the shims release themselves
+// must not have the collection clean up after them.
+const noMemoryGCEnv = "LAZYFORK_TEST_MEMORY_GC_INTERVAL"
+
+func testMemoryGCInterval() string {
+	if v := os.Getenv(noMemoryGCEnv); v != "" {
+		return v
+	}
+	return memoryGCInterval
+}
 
 // runSnapshotter runs bin's lazyfork-snapshotter with args until the test
 // ends (SIGTERM, then SIGKILL after 30 s; its log, logPath, shown if the test

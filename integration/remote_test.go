@@ -281,5 +281,5 @@ func startNodeSnapshotter(t *testing.T, bin, root, address, lfRoot string) {
 	runSnapshotter(t, bin, filepath.Join(filepath.Dir(filepath.Dir(address)), "snapshotter.log"), "", func() error {
 		_, err := os.Stat(snapclient.TTRPCAddress(address))
 		return err
-	}, "--root", root, "--address", address, "--lazyfork-root", lfRoot, "--memory-gc-interval", memoryGCInterval)
+	}, "--root", root, "--address", address, "--lazyfork-root", lfRoot, "--memory-gc-interval", testMemoryGCInterval())
 }
