@@ -595,7 +595,8 @@ func TestForkFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The family's files are freed but the one the running parent was
-	// moved onto: no fork and no snapshot holds them.
+	// moved onto: no fork and no snapshot holds them. The parent holds its
+	// family (its own reference, with no files) and its moved file.
 	time.Sleep(100 * time.Millisecond)
 	holders, err := store.Holders(snap.Family)
 	if err != nil {
@@ -603,7 +604,8 @@ func TestForkFailures(t *testing.T) {
 	}
 	parentFiles := map[string]bool{}
 	for h, files := range holders {
-		if !strings.HasPrefix(h, "moved:"+e.Namespace+"/"+id+"/") {
+		own := h == memfile.HolderContainer+e.Namespace+"/"+id && len(files) == 0
+		if !own && !strings.HasPrefix(h, "moved:"+e.Namespace+"/"+id+"/") {
 			t.Errorf("holder %s left after the forks and snapshots went: %v", h, files)
 		}
 		for _, f := range files {
