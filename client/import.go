@@ -233,11 +233,13 @@ func (c *Client) Import(ctx context.Context, archivePath string, opts ...ImportO
 		return nil, fail(err)
 	}
 
-	// Held by this process while the rewrite runs: a GC meanwhile would
-	// find the claimed family empty and drop its owner. The snapshot holds
-	// it once the rewrite committed.
-	claim := memfile.HolderPID + strconv.Itoa(os.Getpid())
-	family, err = claimFamily(store, ns, name, claim)
+	// Held while the rewrite runs, by a reference tied to the image
+	// directory (as a task's to its bundle: dead once it is gone, whatever
+	// PID namespace this process runs in): a GC meanwhile would find the
+	// claimed family empty and drop its owner. The snapshot holds it once
+	// the rewrite committed.
+	claim := "import:" + imageDir
+	family, err = claimFamily(store, ns, name, claim, imageDir)
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -414,16 +416,16 @@ func noSpace(entry string, size, budget int64) error {
 		entry, size, max(budget, 0), importTmpfsSpare>>20, errdefs.ErrResourceExhausted)
 }
 
-// claimFamily starts the family of an imported snapshot, held by holder:
-// the container's name, or with a suffix when a family of that name exists
-// already.
-func claimFamily(store *memfile.Store, ns, name, holder string) (string, error) {
+// claimFamily starts the family of an imported snapshot, held by holder
+// while dir exists: the container's name, or with a suffix when a family of
+// that name exists already.
+func claimFamily(store *memfile.Store, ns, name, holder, dir string) (string, error) {
 	sum := sha256.Sum256([]byte(ns + "/" + name + "/" + strconv.FormatInt(time.Now().UnixNano(), 10)))
 	for _, family := range []string{name, name + "-" + hex.EncodeToString(sum[:4])} {
 		if _, err := store.Owner(family); err == nil {
 			continue
 		}
-		err := store.ClaimHeld(family, memfile.Owner{Namespace: ns, Root: name, Created: time.Now().UTC()}, holder, "")
+		err := store.ClaimHeld(family, memfile.Owner{Namespace: ns, Root: name, Created: time.Now().UTC()}, holder, dir)
 		if err == nil {
 			return family, nil
 		}

@@ -107,13 +107,16 @@ func unmountRestoreLeftovers(ctx context.Context, ns, id string) (clean bool) {
 // cgroupsPath in every hierarchy. runc removes them itself when it deletes a
 // container it knows; after a failed restore runc knows no container, and the
 // directories CRIU or runc made would stay behind. Busy or missing directories
-// are left alone; clean is false if a directory stays.
+// are left alone; clean is false if one stays busy (processes in it), which
+// a later try may remove. Hierarchies the shim may not write do not count.
 func removeCgroup(ctx context.Context, cgroupsPath string) (clean bool) {
 	clean = true
 	for _, d := range cgroupDirs(cgroupsPath) {
 		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 			log.G(ctx).WithError(err).WithField("cgroup", d).Debug("lazyfork: leave cgroup")
-			clean = false
+			if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOTEMPTY) {
+				clean = false
+			}
 		}
 	}
 	return clean

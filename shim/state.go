@@ -21,8 +21,9 @@ type containerState struct {
 	Namespace string `json:"namespace"`
 	ID        string `json:"id"`
 	Family    string `json:"family"`
-	// Holder is the memfile reference the container holds on its family's
-	// files ("" if it holds none: a root that maps no memory file).
+	// Holder is the memfile reference the container holds on its family:
+	// a fork's on its files, a root's with none (taken with the family's
+	// claim); "" for roots made by older shims, held by their view alone.
 	Holder string `json:"holder,omitempty"`
 	// Snapshot is the LazyFork snapshot the task was restored from.
 	Snapshot string `json:"snapshot,omitempty"`
