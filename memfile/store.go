@@ -161,8 +161,10 @@ type holderRecord struct {
 	// PIDStart is the start time (clock ticks after boot) of a "pid:" holder's
 	// process, so a recycled PID does not keep files alive.
 	PIDStart uint64 `json:"pid_start,omitempty"`
-	// Bundle is the task bundle of a "container:" holder (RefBundle): the
-	// holder is dead once that directory is gone from its task root.
+	// Bundle is the directory the holder lives with: a "container:"
+	// holder's task bundle (RefBundle), or what a claimer names (ClaimHeld:
+	// an import's image directory). The holder is dead once that directory
+	// is gone from its parent's parent (a task root, ROOT/snapshots).
 	Bundle  string    `json:"bundle,omitempty"`
 	Updated time.Time `json:"updated"`
 }
@@ -374,9 +376,9 @@ func (s *Store) alive(family string, r *holderRecord) bool {
 		}
 		return start == r.PIDStart
 	case r.Bundle != "":
-		// Dead only where the task root holding the bundle (containerd's
-		// <state>/io.containerd.runtime.v2.task) is seen without it: a
-		// process that does not see containerd's state (another mount
+		// Dead only where the directory holding the bundle (containerd's
+		// <state>/io.containerd.runtime.v2.task for a task) is seen without
+		// it: a process that does not see containerd's state (another mount
 		// namespace) must not take every task for gone.
 		if _, err := os.Stat(filepath.Dir(filepath.Dir(r.Bundle))); err != nil {
 			return true
